@@ -1,0 +1,154 @@
+//! `ftramp`: generate, list and link ftrace-style trampolines.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Variant};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "ftramp", version, about = "Spec-generated ftrace trampolines for user space", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Where the arch spec comes from.
+#[derive(clap::Args, Clone)]
+struct ArchArgs {
+    /// Architecture (see `ftramp archs`).
+    #[arg(long, short = 'a', default_value = "x86_64")]
+    arch: String,
+    /// Use this spec file instead of the built-in `arch-specs/ARCH.toml`.
+    #[arg(long, value_name = "FILE")]
+    spec: Option<PathBuf>,
+}
+
+impl ArchArgs {
+    fn load(&self) -> Result<Spec> {
+        let spec = match &self.spec {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("reading spec {}", p.display()))?;
+                Spec::parse(&p.display().to_string(), &text)?
+            }
+            None => Spec::builtin(&self.arch)?,
+        };
+        arch::lookup(&spec.name)?;
+        Ok(spec)
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List the architectures and trampoline variants this build generates.
+    Archs,
+    /// Show generated trampolines: the generator's steps and the bytes
+    /// disassembled by capstone, with data-word relocations inline.
+    Asm {
+        #[command(flatten)]
+        arch: ArchArgs,
+        /// Variant(s) to show (default: all).  One of: args-list, regs-list,
+        /// args-direct, regs-direct, args-callsite, regs-callsite, return.
+        #[arg(long, short = 'V', value_name = "VARIANT")]
+        variant: Vec<String>,
+        /// Show every built-in architecture.
+        #[arg(long, conflicts_with = "variant")]
+        all: bool,
+    },
+    /// Write a relocatable ELF object with the trampolines, or the C header.
+    ///
+    /// The object exports `ftrace_caller` (args tier, list dispatch),
+    /// `ftrace_regs_caller` (regs tier, list dispatch), `return_to_handler`
+    /// and the data word `function_trace_op`, and imports only
+    /// `ftrace_ops_list_func` and `ftrace_return_to_handler`.
+    Gen {
+        #[command(flatten)]
+        arch: ArchArgs,
+        /// Output file (`-` for stdout).
+        #[arg(short = 'o', long, value_name = "FILE", required_unless_present = "header")]
+        output: Option<PathBuf>,
+        /// Print the C header (ftrace_regs/pt_regs layouts and accessors) instead.
+        #[arg(long)]
+        header: bool,
+        /// Variants to include (default: args-list, regs-list, return).  Direct
+        /// variants add the words `ftrace_direct_op` and `ftrace_direct_func`.
+        #[arg(long, short = 'V', value_name = "VARIANT")]
+        variant: Vec<String>,
+        /// Prefix for every symbol the object defines.
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+}
+
+fn variants(names: &[String], default: &[Variant]) -> Result<Vec<Variant>> {
+    if names.is_empty() {
+        return Ok(default.to_vec());
+    }
+    let mut out = Vec::new();
+    for n in names.iter().flat_map(|n| n.split(',')) {
+        if n == "all" {
+            out.extend(Variant::ALL);
+            continue;
+        }
+        match Variant::parse(n) {
+            Some(v) => out.push(v),
+            None => bail!(
+                "unknown variant `{n}` (known: {}, all)",
+                Variant::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+    out.dedup();
+    Ok(out)
+}
+
+const DEFAULT_OBJECT: [Variant; 3] = [Variant::ALL[0], Variant::ALL[1], Variant::Return];
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Archs => {
+            for a in arch::KNOWN {
+                match arch::lookup(a) {
+                    Ok(_) => {
+                        let spec = Spec::builtin(a)?;
+                        println!("{a:<8} site: {} ({}), variants: {}", spec.raw.site.enabled, spec.raw.site.flags,
+                            Variant::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join(" "));
+                    }
+                    Err(e) => println!("{a:<8} not available: {e}"),
+                }
+            }
+        }
+        Cmd::Asm { arch: a, variant, all } => {
+            let specs = if all {
+                arch::all().map(|b| Spec::builtin(b.name())).collect::<Result<Vec<_>, _>>()?
+            } else {
+                vec![a.load()?]
+            };
+            for spec in specs {
+                let vs = variants(&variant, &Variant::ALL)?;
+                let image = Image::generate(&spec, &vs)?;
+                println!("==== {} ({}) ====", spec.name, spec.file);
+                print!("{}", listing::image(&spec, &image)?);
+            }
+        }
+        Cmd::Gen { arch: a, output, header: want_header, variant, prefix } => {
+            let spec = a.load()?;
+            let bytes = if want_header {
+                header::header(&spec, &prefix).into_bytes()
+            } else {
+                let vs = variants(&variant, &DEFAULT_OBJECT)?;
+                let image = Image::generate(&spec, &vs)?;
+                object::write(&spec, &image, &object::ObjectOptions { prefix })?
+            };
+            match output.as_deref() {
+                None => print!("{}", String::from_utf8_lossy(&bytes)),
+                Some(p) if p.as_os_str() == "-" => {
+                    use std::io::Write;
+                    std::io::stdout().write_all(&bytes)?;
+                }
+                Some(p) => std::fs::write(p, &bytes).with_context(|| format!("writing {}", p.display()))?,
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! x86_64 instruction selection for the generator primitives (dynasmrt).
+//!
+//! Stack adjustments use `lea` so they never change the flags the `regs`
+//! tier restores.  Data words are reached rip-relative; the disp32 is left
+//! zero and recorded as a [`Fixup`].
+
+use super::ARCH;
+use crate::arch::{check_signed, Emitter, Fixup, FixupKind};
+use crate::program::{CodegenError, DataWord};
+use crate::spec::{Reg, RegClass};
+use dynasmrt::x64::X64Relocation;
+use dynasmrt::{dynasm, DynasmApi, VecAssembler};
+
+pub struct X64Emitter {
+    ops: VecAssembler<X64Relocation>,
+    fixups: Vec<Fixup>,
+}
+
+impl X64Emitter {
+    pub fn new() -> Self {
+        X64Emitter { ops: VecAssembler::new(0), fixups: Vec::new() }
+    }
+
+    fn disp(off: i32) -> Result<i32, CodegenError> {
+        check_signed(ARCH, "memory displacement", off as i64, 32, "disp32").map(|v| v as i32)
+    }
+
+    /// Records that the instruction just emitted ends with a disp32 that
+    /// must point at `word`.
+    fn fixup_last(&mut self, word: DataWord) {
+        let end = self.ops.offset().0;
+        self.fixups.push(Fixup { at: end - 4, kind: FixupKind::X86Pc32 { end: 4 }, word });
+    }
+}
+
+fn unsupported(what: String) -> CodegenError {
+    CodegenError::Unsupported { arch: ARCH, what }
+}
+
+impl Emitter for X64Emitter {
+    fn adjust_sp(&mut self, delta: i32) -> Result<(), CodegenError> {
+        let d = Self::disp(delta)?;
+        dynasm!(self.ops ; .arch x64 ; lea rsp, [rsp + d]);
+        Ok(())
+    }
+
+    fn store(&mut self, reg: Reg, base: Reg, off: i32) -> Result<(), CodegenError> {
+        let d = Self::disp(off)?;
+        let b = base.enc;
+        match reg.class {
+            RegClass::Gpr => dynasm!(self.ops ; .arch x64 ; mov QWORD [Rq(b) + d], Rq(reg.enc)),
+            // Slots are 16-byte aligned (frame.rs) but the unaligned form
+            // costs nothing extra on current cores and cannot fault.
+            RegClass::Vector => dynasm!(self.ops ; .arch x64 ; movdqu OWORD [Rq(b) + d], Rx(reg.enc)),
+            RegClass::Special => return Err(unsupported(format!("store of special register {}", reg.enc))),
+        }
+        Ok(())
+    }
+
+    fn load(&mut self, reg: Reg, base: Reg, off: i32) -> Result<(), CodegenError> {
+        let d = Self::disp(off)?;
+        let b = base.enc;
+        match reg.class {
+            RegClass::Gpr => dynasm!(self.ops ; .arch x64 ; mov Rq(reg.enc), QWORD [Rq(b) + d]),
+            RegClass::Vector => dynasm!(self.ops ; .arch x64 ; movdqu Rx(reg.enc), OWORD [Rq(b) + d]),
+            RegClass::Special => return Err(unsupported(format!("load of special register {}", reg.enc))),
+        }
+        Ok(())
+    }
+
+    fn add_imm(&mut self, dst: Reg, src: Reg, imm: i32) -> Result<(), CodegenError> {
+        let d = Self::disp(imm)?;
+        if imm == 0 {
+            dynasm!(self.ops ; .arch x64 ; mov Rq(dst.enc), Rq(src.enc));
+        } else {
+            dynasm!(self.ops ; .arch x64 ; lea Rq(dst.enc), [Rq(src.enc) + d]);
+        }
+        Ok(())
+    }
+
+    fn load_data(&mut self, dst: Reg, word: DataWord) -> Result<(), CodegenError> {
+        dynasm!(self.ops ; .arch x64 ; mov Rq(dst.enc), QWORD [rip + 0x7fff_ffff]);
+        self.fixup_last(word);
+        Ok(())
+    }
+
+    fn call_data(&mut self, word: DataWord, _scratch: Reg) -> Result<(), CodegenError> {
+        dynasm!(self.ops ; .arch x64 ; call QWORD [rip + 0x7fff_ffff]);
+        self.fixup_last(word);
+        Ok(())
+    }
+
+    fn call_reg(&mut self, target: Reg) -> Result<(), CodegenError> {
+        dynasm!(self.ops ; .arch x64 ; call Rq(target.enc));
+        Ok(())
+    }
+
+    fn jump_reg(&mut self, target: Reg) -> Result<(), CodegenError> {
+        dynasm!(self.ops ; .arch x64 ; jmp Rq(target.enc));
+        Ok(())
+    }
+
+    fn ret(&mut self) -> Result<(), CodegenError> {
+        dynasm!(self.ops ; .arch x64 ; ret);
+        Ok(())
+    }
+
+    fn save_flags(&mut self, off: i32, _scratch: Reg) -> Result<(), CodegenError> {
+        // `pop m64` with an rsp base computes the address after the pop's
+        // increment, so `off` names the same slot as everywhere else.
+        let d = Self::disp(off)?;
+        dynasm!(self.ops ; .arch x64 ; pushfq ; pop QWORD [rsp + d]);
+        Ok(())
+    }
+
+    fn restore_flags(&mut self, off: i32, _scratch: Reg) -> Result<(), CodegenError> {
+        // `push m64` computes its address before the decrement.
+        let d = Self::disp(off)?;
+        dynasm!(self.ops ; .arch x64 ; push QWORD [rsp + d] ; popfq);
+        Ok(())
+    }
+
+    fn pos(&self) -> usize {
+        self.ops.offset().0
+    }
+
+    fn finish(self: Box<Self>) -> Result<(Vec<u8>, Vec<Fixup>), CodegenError> {
+        let code = self.ops.finalize().map_err(|e| CodegenError::Assembler { arch: ARCH, what: e.to_string() })?;
+        Ok((code, self.fixups))
+    }
+}

@@ -1,0 +1,158 @@
+//! The one definition of `struct ftrace_regs` and `struct pt_regs` per arch.
+//!
+//! Offsets are computed here, from the spec's slot lists, and nowhere else:
+//! the trampoline generator stores and loads through [`FrameLayout`], the C
+//! header prints it, and the runtime's `FtraceRegs` accessors read the same
+//! offsets.  `struct pt_regs` *begins with* `struct ftrace_regs`, so the
+//! argument accessors work for both register tiers and a `regs`-tier
+//! callback may view its `ftrace_regs` as a `pt_regs` (Linux's
+//! `ftrace_get_regs`).
+//!
+//! ```text
+//!   trampoline frame (sp after the trampoline's own adjustment)
+//!   +--------------------+ sp + frame_size   (trampoline entry sp)
+//!   | padding            |
+//!   +--------------------+ sp + call_reserve + pt_regs_size
+//!   | pt_regs extra      |   regs tier only
+//!   +--------------------+ sp + call_reserve + fregs_size
+//!   | struct ftrace_regs |   fregs pointer passed to the callback
+//!   +--------------------+ sp + call_reserve
+//!   | call_reserve       |   area the ABI lets a callee use (s390x, ppc64)
+//!   +--------------------+ sp
+//! ```
+
+use crate::spec::{RegClass, SlotKind, Spec};
+
+/// One member of the frame structs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub kind: SlotKind,
+    /// Offset from the start of `struct ftrace_regs`.
+    pub offset: u32,
+    pub size: u32,
+}
+
+/// Register tier: how much of the machine state a trampoline saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// `struct ftrace_regs`: arguments, return registers, sp, fp, ip,
+    /// return address.
+    Args,
+    /// `struct pt_regs`: every general-purpose register plus flags.
+    Regs,
+}
+
+/// Offsets of `struct ftrace_regs` and `struct pt_regs` for one arch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameLayout {
+    /// `ftrace_regs` slots, then the `pt_regs` extension.
+    pub slots: Vec<Slot>,
+    /// How many of `slots` belong to `struct ftrace_regs`.
+    pub fregs_count: usize,
+    /// `sizeof(struct ftrace_regs)`, a multiple of 16.
+    pub fregs_size: u32,
+    /// `sizeof(struct pt_regs)`, a multiple of 16.
+    pub pt_regs_size: u32,
+    /// Bytes below the structs for the callee (spec `abi.call_reserve`).
+    pub call_reserve: u32,
+    pub stack_alignment: u32,
+}
+
+fn align(n: u32, a: u32) -> u32 {
+    n.div_ceil(a) * a
+}
+
+impl FrameLayout {
+    /// Lays the slots out in order, each aligned to its size.
+    pub fn new(spec: &Spec) -> FrameLayout {
+        let mut slots = Vec::new();
+        let mut off = 0u32;
+        let size_of = |k: &SlotKind| match k {
+            SlotKind::Reg(r) => spec.reg_bytes(r.class),
+            _ => 8,
+        };
+        for k in &spec.ftrace_regs {
+            let size = size_of(k);
+            off = align(off, size);
+            slots.push(Slot { kind: *k, offset: off, size });
+            off += size;
+        }
+        let fregs_size = align(off, 16);
+        off = fregs_size;
+        for k in &spec.pt_regs {
+            let size = size_of(k);
+            off = align(off, size);
+            slots.push(Slot { kind: *k, offset: off, size });
+            off += size;
+        }
+        let pt_regs_size = align(off, 16);
+        FrameLayout {
+            slots,
+            fregs_count: spec.ftrace_regs.len(),
+            fregs_size,
+            pt_regs_size,
+            call_reserve: spec.call_reserve,
+            stack_alignment: spec.stack_alignment,
+        }
+    }
+
+    /// The slots a tier saves.
+    pub fn tier_slots(&self, tier: Tier) -> &[Slot] {
+        match tier {
+            Tier::Args => &self.slots[..self.fregs_count],
+            Tier::Regs => &self.slots,
+        }
+    }
+
+    /// The `struct ftrace_regs` slots only.
+    pub fn fregs_slots(&self) -> &[Slot] {
+        &self.slots[..self.fregs_count]
+    }
+
+    /// The slot holding `kind`, if any.
+    pub fn slot(&self, kind: SlotKind) -> Option<Slot> {
+        self.slots.iter().copied().find(|s| s.kind == kind)
+    }
+
+    /// Size of the struct a tier fills.
+    pub fn tier_size(&self, tier: Tier) -> u32 {
+        match tier {
+            Tier::Args => self.fregs_size,
+            Tier::Regs => self.pt_regs_size,
+        }
+    }
+
+    /// Total stack the trampoline allocates for `tier`: the struct plus the
+    /// callee area, rounded to the stack alignment (the trampoline is
+    /// entered with an aligned stack on every supported arch).
+    pub fn frame_size(&self, tier: Tier) -> u32 {
+        align(self.call_reserve + self.tier_size(tier), self.stack_alignment.max(16))
+    }
+
+    /// Offset of `struct ftrace_regs` from the trampoline's stack pointer.
+    pub fn fregs_base(&self) -> u32 {
+        self.call_reserve
+    }
+
+    /// Whether any slot overlaps another (used by the consistency tests).
+    pub fn overlaps(&self) -> Option<(Slot, Slot)> {
+        for (i, a) in self.slots.iter().enumerate() {
+            for b in &self.slots[i + 1..] {
+                if a.offset < b.offset + b.size && b.offset < a.offset + a.size {
+                    return Some((*a, *b));
+                }
+            }
+        }
+        None
+    }
+
+    /// True when a vector slot is aligned to its width.
+    pub fn aligned(&self) -> bool {
+        self.slots.iter().all(|s| s.offset % s.size == 0)
+    }
+
+    /// Whether the slot's register is a vector register.
+    pub fn is_vector(s: &Slot) -> bool {
+        matches!(s.kind, SlotKind::Reg(r) if r.class == RegClass::Vector)
+    }
+}

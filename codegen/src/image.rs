@@ -1,0 +1,125 @@
+//! One generated program: the trampolines' code, their data words and the
+//! references between them.  JIT use links it in place ([`Image::link`]);
+//! the object writer turns the same references into ELF relocations.
+//!
+//! ```text
+//!   code  (read+execute)          data  (read+write, 8-byte words)
+//!   +------------------+          +----------------------+
+//!   | ftrace_caller    | -------> | function_trace_op    |
+//!   | ftrace_regs_...  | -------> | ftrace_ops_list_func |
+//!   | return_to_handler| -------> | ftrace_return_to_... |
+//!   +------------------+          +----------------------+
+//! ```
+
+use crate::arch::{self, Arch, Fixup};
+use crate::frame::FrameLayout;
+use crate::program::{self, CodegenError, DataWord, Step, Variant};
+use crate::spec::Spec;
+
+/// Trampolines start at this alignment.
+pub const TRAMPOLINE_ALIGN: usize = 16;
+
+/// One trampoline inside an [`Image`].
+#[derive(Debug, Clone)]
+pub struct Trampoline {
+    pub variant: Variant,
+    pub symbol: &'static str,
+    /// Offset in the image's code.
+    pub offset: usize,
+    pub len: usize,
+    /// Each step with the code offset (image-relative) where it starts.
+    pub steps: Vec<(usize, Step)>,
+}
+
+/// Generated code plus data words.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub arch: &'static str,
+    pub layout: FrameLayout,
+    pub code: Vec<u8>,
+    pub fixups: Vec<Fixup>,
+    pub trampolines: Vec<Trampoline>,
+    /// The data words, 8 bytes each, in this order.
+    pub data: Vec<DataWord>,
+}
+
+impl Image {
+    /// Generates `variants` (in that order) for `spec`.
+    pub fn generate(spec: &Spec, variants: &[Variant]) -> Result<Image, CodegenError> {
+        let backend = arch::lookup(&spec.name)?;
+        Self::generate_with(backend, spec, variants)
+    }
+
+    /// As [`Image::generate`], with an explicit backend.
+    pub fn generate_with(backend: &dyn Arch, spec: &Spec, variants: &[Variant]) -> Result<Image, CodegenError> {
+        let layout = FrameLayout::new(spec);
+        let mut code = Vec::new();
+        let mut fixups = Vec::new();
+        let mut trampolines = Vec::new();
+        for &variant in variants {
+            while code.len() % TRAMPOLINE_ALIGN != 0 {
+                let pad = backend.padding();
+                code.extend_from_slice(&pad[..pad.len().min(TRAMPOLINE_ALIGN - code.len() % TRAMPOLINE_ALIGN)]);
+            }
+            let start = code.len();
+            let mut e = backend.emitter(spec);
+            let mut placed = Vec::new();
+            for step in program::steps(spec, &layout, variant) {
+                placed.push((start + e.pos(), step.clone()));
+                lower(e.as_mut(), &step)?;
+            }
+            let (bytes, fx) = e.finish()?;
+            fixups.extend(fx.into_iter().map(|f| Fixup { at: f.at + start, ..f }));
+            code.extend_from_slice(&bytes);
+            trampolines.push(Trampoline { variant, symbol: variant.symbol(), offset: start, len: bytes.len(), steps: placed });
+        }
+        let mut data: Vec<DataWord> = DataWord::ALL.into_iter().filter(|w| fixups.iter().any(|f| f.word == *w)).collect();
+        if variants.iter().any(|v| matches!(v, Variant::Entry { dispatch: program::Dispatch::List, .. })) && !data.contains(&DataWord::FunctionTraceOp) {
+            data.insert(0, DataWord::FunctionTraceOp);
+        }
+        Ok(Image { arch: backend.name(), layout, code, fixups, trampolines, data })
+    }
+
+    /// Offset of `word` in the data area.
+    pub fn word_offset(&self, word: DataWord) -> Option<usize> {
+        self.data.iter().position(|w| *w == word).map(|i| i * 8)
+    }
+
+    /// Bytes of the data area.
+    pub fn data_size(&self) -> usize {
+        self.data.len() * 8
+    }
+
+    pub fn trampoline(&self, v: Variant) -> Option<&Trampoline> {
+        self.trampolines.iter().find(|t| t.variant == v)
+    }
+
+    /// The code with every data reference resolved for code placed at
+    /// `code_addr` and the data area at `data_addr`.
+    pub fn link(&self, code_addr: u64, data_addr: u64) -> Result<Vec<u8>, CodegenError> {
+        let backend = arch::lookup(self.arch)?;
+        let mut code = self.code.clone();
+        for f in &self.fixups {
+            let word = self.word_offset(f.word).expect("every fixup's word is in data") as u64;
+            backend.apply_fixup(&mut code, f, code_addr, data_addr + word)?;
+        }
+        Ok(code)
+    }
+}
+
+/// Dispatches one step to the backend primitive.
+fn lower(e: &mut dyn arch::Emitter, step: &Step) -> Result<(), CodegenError> {
+    match step {
+        Step::AdjustSp { delta } => e.adjust_sp(*delta),
+        Step::Store { reg, base, off, .. } => e.store(*reg, *base, *off),
+        Step::Load { reg, base, off, .. } => e.load(*reg, *base, *off),
+        Step::AddImm { dst, src, imm, .. } => e.add_imm(*dst, *src, *imm),
+        Step::LoadData { dst, word } => e.load_data(*dst, *word),
+        Step::CallData { word, scratch } => e.call_data(*word, *scratch),
+        Step::CallReg { target } => e.call_reg(*target),
+        Step::JumpReg { target } => e.jump_reg(*target),
+        Step::Return => e.ret(),
+        Step::SaveFlags { off, scratch } => e.save_flags(*off, *scratch),
+        Step::RestoreFlags { off, scratch } => e.restore_flags(*off, *scratch),
+    }
+}

@@ -1,0 +1,102 @@
+//! Listings (`ftramp asm`, snapshots): each trampoline twice — as the
+//! generator's steps and as its bytes decoded by an independent disassembler
+//! (capstone), with data-word references shown inline like `objdump -dr`.
+
+use crate::arch::{lookup, Fixup};
+use crate::image::{Image, Trampoline};
+use crate::program::{describe, CodegenError};
+use crate::spec::Spec;
+use capstone::prelude::*;
+use std::fmt::Write;
+
+/// A capstone handle for the spec's arch.
+pub fn disassembler(spec: &Spec) -> Result<Capstone, CodegenError> {
+    let err = |e: capstone::Error| CodegenError::Unsupported { arch: "listing", what: format!("capstone: {e}") };
+    let cs = match spec.raw.arch.capstone.as_str() {
+        "x86_64" => Capstone::new().x86().mode(arch::x86::ArchMode::Mode64).build(),
+        "aarch64" => Capstone::new().arm64().mode(arch::arm64::ArchMode::Arm).build(),
+        "riscv64" => Capstone::new()
+            .riscv()
+            .mode(arch::riscv::ArchMode::RiscV64)
+            .extra_mode([arch::riscv::ArchExtraMode::RiscVC].into_iter())
+            .build(),
+        "ppc64le" => Capstone::new().ppc().mode(arch::ppc::ArchMode::Mode64).endian(capstone::Endian::Little).build(),
+        "s390x" => Capstone::new().sysz().mode(arch::sysz::ArchMode::Default).build(),
+        other => {
+            return Err(CodegenError::Unsupported { arch: "listing", what: format!("no disassembler for `{other}`") })
+        }
+    };
+    cs.map_err(err)
+}
+
+/// Decodes `bytes` at `addr` into `(offset, length, text)`; an undecodable
+/// tail is reported as `.byte` lines so nothing is hidden.
+pub fn decode(cs: &Capstone, bytes: &[u8], addr: u64) -> Vec<(usize, usize, String)> {
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    while pos < bytes.len() {
+        let insns = cs.disasm_all(&bytes[pos..], addr + pos as u64);
+        let mut progressed = false;
+        if let Ok(insns) = insns {
+            for i in insns.iter() {
+                let off = (i.address() - addr) as usize;
+                let text = format!("{} {}", i.mnemonic().unwrap_or("?"), i.op_str().unwrap_or("")).trim().to_string();
+                out.push((off, i.bytes().len(), text));
+                pos = off + i.bytes().len();
+                progressed = true;
+            }
+        }
+        if !progressed {
+            out.push((pos, 1, format!(".byte 0x{:02x}", bytes[pos])));
+            pos += 1;
+        }
+    }
+    out
+}
+
+fn fixup_text(spec: &Spec, f: &Fixup) -> String {
+    let backend = lookup(&spec.name);
+    let relocs = backend.map(|b| b.elf_relocs(f)).unwrap_or_default();
+    let kinds = relocs.iter().map(|r| format!("R#{}{:+}", r.r_type.0, r.addend)).collect::<Vec<_>>().join(",");
+    format!("{:?} -> {} ({kinds})", f.kind, f.word.symbol())
+}
+
+/// The listing of one trampoline of `image`.
+pub fn trampoline(spec: &Spec, image: &Image, t: &Trampoline) -> Result<String, CodegenError> {
+    let cs = disassembler(spec)?;
+    let mut s = String::new();
+    let frame = match t.variant {
+        crate::Variant::Entry { tier, .. } => image.layout.frame_size(tier),
+        crate::Variant::Return => image.layout.frame_size(crate::Tier::Args),
+    };
+    let _ = writeln!(s, "{} ({}, {}): {} bytes, frame {} bytes", t.symbol, spec.name, t.variant, t.len, frame);
+    let _ = writeln!(s, "\n-- steps --");
+    for (off, step) in &t.steps {
+        let _ = writeln!(s, "{:4x}  {}", off - t.offset, describe(spec, step));
+    }
+    let _ = writeln!(s, "\n-- code (capstone) --");
+    let bytes = &image.code[t.offset..t.offset + t.len];
+    for (off, len, text) in decode(&cs, bytes, 0) {
+        let hex = bytes[off..off + len].iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ");
+        let _ = writeln!(s, "{off:4x}  {hex:<24} {text}");
+        for f in image.fixups.iter().filter(|f| f.at >= t.offset + off && f.at < t.offset + off + len) {
+            let _ = writeln!(s, "      {:<24}   reloc {}", "", fixup_text(spec, f));
+        }
+    }
+    Ok(s)
+}
+
+/// The listing of a whole image, data words included.
+pub fn image(spec: &Spec, image: &Image) -> Result<String, CodegenError> {
+    let mut s = String::new();
+    for t in &image.trampolines {
+        s.push_str(&trampoline(spec, image, t)?);
+        s.push('\n');
+    }
+    let _ = writeln!(s, "-- data words --");
+    for w in &image.data {
+        let init = w.initial_symbol().map(|i| format!("&{i}")).unwrap_or_else(|| "0 (set at run time)".into());
+        let _ = writeln!(s, "{:4x}  {:<32} = {init}", image.word_offset(*w).unwrap_or(0), w.symbol());
+    }
+    Ok(s)
+}

@@ -1,0 +1,385 @@
+//! The shared generator: from a spec and a variant to a list of [`Step`]s.
+//!
+//! This is the only place that decides what a trampoline does and in which
+//! order; the per-arch backends turn each step into instructions.  Register
+//! roles (where the site's return address is, which scratch register to use,
+//! where the callee area is) all come from the [`Spec`], offsets from the
+//! [`FrameLayout`].
+//!
+//! Entry trampoline (`ftrace_caller` and its variants), in order:
+//!
+//! 1. allocate the frame (the struct plus the ABI's callee area);
+//! 2. save the tier's registers into their slots (flags last, since saving
+//!    them needs a scratch register on some arches);
+//! 3. fill the specials: `return_address` (the traced function's own return
+//!    address), `ip` (where execution resumes: just after the site) and `sp`
+//!    (the traced function's stack pointer at entry);
+//! 4. call the tracer as `func(ip, parent_ip, op, fregs)` where `ip` is the
+//!    site address and `op` comes from a data word (`list`, `direct`) or from
+//!    the word before the function (`callsite`, whose ops' first word is its
+//!    callback);
+//! 5. restore every saved register from its slot, so a tracer's changes to
+//!    arguments take effect;
+//! 6. resume at `ip` with `return_address` as the traced function's return
+//!    address — both possibly changed by the tracer (IPMODIFY, fgraph).
+//!
+//! Exit trampoline (`return_to_handler`): save the return registers, call
+//! `ftrace_return_to_handler(fregs)`, restore them and jump to the address it
+//! returned.
+
+use crate::frame::{FrameLayout, Tier};
+use crate::spec::{Location, Reg, RegClass, SlotKind, Spec};
+use std::fmt;
+
+/// How the entry trampoline finds the tracer to call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dispatch {
+    /// Call `ftrace_ops_list_func` with `op = function_trace_op`.
+    List,
+    /// Call one tracer with its ops, both read from data words.
+    Direct,
+    /// Read the ops pointer from the word before the function and call the
+    /// ops' first word (its `func`).
+    Callsite,
+}
+
+/// One trampoline kind the generator makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Variant {
+    Entry { tier: Tier, dispatch: Dispatch },
+    /// `return_to_handler`.
+    Return,
+}
+
+impl Variant {
+    /// Every variant, in listing order.
+    pub const ALL: [Variant; 7] = [
+        Variant::Entry { tier: Tier::Args, dispatch: Dispatch::List },
+        Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::List },
+        Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Direct },
+        Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Direct },
+        Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Callsite },
+        Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Callsite },
+        Variant::Return,
+    ];
+
+    /// The CLI name: `args-list`, `regs-direct`, …, `return`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Entry { tier: Tier::Args, dispatch: Dispatch::List } => "args-list",
+            Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::List } => "regs-list",
+            Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Direct } => "args-direct",
+            Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Direct } => "regs-direct",
+            Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Callsite } => "args-callsite",
+            Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Callsite } => "regs-callsite",
+            Variant::Return => "return",
+        }
+    }
+
+    /// The symbol the variant gets in objects (Linux's names where Linux has one).
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Variant::Entry { tier: Tier::Args, dispatch: Dispatch::List } => "ftrace_caller",
+            Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::List } => "ftrace_regs_caller",
+            Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Direct } => "ftrace_direct_caller",
+            Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Direct } => "ftrace_regs_direct_caller",
+            Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Callsite } => "ftrace_callsite_caller",
+            Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Callsite } => "ftrace_regs_callsite_caller",
+            Variant::Return => "return_to_handler",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Variant> {
+        Variant::ALL.into_iter().find(|v| v.name() == name)
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The 64-bit data words trampolines read.  They live in writable memory
+/// apart from the code, so retargeting is one aligned store (DESIGN §3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DataWord {
+    /// `function_trace_op`: the ops passed to the list function.
+    FunctionTraceOp,
+    /// Address of `ftrace_ops_list_func`.
+    ListFunc,
+    /// Address of `ftrace_return_to_handler`.
+    ReturnHandler,
+    /// The ops of a direct trampoline (`ftrace_direct_op`).
+    DirectOp,
+    /// The callback of a direct trampoline (`ftrace_direct_func`).
+    DirectFunc,
+}
+
+impl DataWord {
+    pub const ALL: [DataWord; 5] =
+        [DataWord::FunctionTraceOp, DataWord::ListFunc, DataWord::ReturnHandler, DataWord::DirectOp, DataWord::DirectFunc];
+
+    /// Symbol of the word in objects and listings.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            DataWord::FunctionTraceOp => "function_trace_op",
+            DataWord::ListFunc => "ftrace_ops_list_func_ptr",
+            DataWord::ReturnHandler => "ftrace_return_to_handler_ptr",
+            DataWord::DirectOp => "ftrace_direct_op",
+            DataWord::DirectFunc => "ftrace_direct_func",
+        }
+    }
+
+    /// The external symbol whose address the word holds in objects, if any.
+    pub fn initial_symbol(self) -> Option<&'static str> {
+        match self {
+            DataWord::ListFunc => Some("ftrace_ops_list_func"),
+            DataWord::ReturnHandler => Some("ftrace_return_to_handler"),
+            _ => None,
+        }
+    }
+}
+
+/// What a step is about, for listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    None,
+    /// A struct member: `fregs.rdi`, `pt_regs.rbx`.
+    Slot(String),
+    /// Free text.
+    Text(&'static str),
+}
+
+/// One operation of a trampoline.  `off`s are relative to the stack pointer
+/// after step 1 unless a `base` says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// `sp += delta` (frame allocation keeps any back chain the ABI wants).
+    AdjustSp { delta: i32 },
+    /// `[base + off] = reg` (vector registers at full width).
+    Store { reg: Reg, base: Reg, off: i32, note: Note },
+    /// `reg = [base + off]`.
+    Load { reg: Reg, base: Reg, off: i32, note: Note },
+    /// `dst = src + imm` (a move when `imm` is 0).
+    AddImm { dst: Reg, src: Reg, imm: i32, note: Note },
+    /// `dst = *word`.
+    LoadData { dst: Reg, word: DataWord },
+    /// Call the address held in `word`; `scratch` may be clobbered.
+    CallData { word: DataWord, scratch: Reg },
+    /// Call the address in `target`.
+    CallReg { target: Reg },
+    /// Jump to the address in `target`.
+    JumpReg { target: Reg },
+    /// Return through the stack (x86 `ret`).
+    Return,
+    /// Save the flags register at `[sp + off]`.
+    SaveFlags { off: i32, scratch: Reg },
+    /// Restore the flags register from `[sp + off]`.
+    RestoreFlags { off: i32, scratch: Reg },
+}
+
+/// Why code could not be generated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodegenError {
+    #[error("{arch}: {what} does not fit: {value} (allowed {range})")]
+    OutOfRange { arch: &'static str, what: &'static str, value: i64, range: &'static str },
+    #[error("{arch}: {what}")]
+    Unsupported { arch: &'static str, what: String },
+    #[error("{arch}: dynasm: {what}")]
+    Assembler { arch: &'static str, what: String },
+    #[error(transparent)]
+    Spec(#[from] crate::spec::SpecError),
+    #[error("architecture `{0}` is not supported by this build (known: {1})")]
+    UnknownArch(String, String),
+    #[error("unknown variant `{0}` (known: {1})")]
+    UnknownVariant(String, String),
+}
+
+/// Builds the steps of one trampoline.
+pub fn steps(spec: &Spec, layout: &FrameLayout, variant: Variant) -> Vec<Step> {
+    match variant {
+        Variant::Entry { tier, dispatch } => entry_steps(spec, layout, tier, dispatch),
+        Variant::Return => return_steps(spec, layout),
+    }
+}
+
+fn slot_note(spec: &Spec, layout: &FrameLayout, kind: SlotKind) -> Note {
+    let idx = layout.slots.iter().position(|s| s.kind == kind).unwrap_or(0);
+    let strukt = if idx < layout.fregs_count { "fregs" } else { "pt_regs" };
+    Note::Slot(format!("{strukt}.{}", spec.slot_name(kind)))
+}
+
+fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch) -> Vec<Step> {
+    let sp = spec.sp;
+    let t = spec.scratch[0];
+    let frame = layout.frame_size(tier) as i32;
+    let base = layout.fregs_base() as i32;
+    let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
+    let note = |kind: SlotKind| slot_note(spec, layout, kind);
+    // Distance from our sp to the trampoline's entry sp.
+    let entry = frame;
+    let mut s = Vec::new();
+
+    // 1. Frame.
+    s.push(Step::AdjustSp { delta: -frame });
+
+    // 2. Registers of the tier.
+    let mut flags_off = None;
+    for slot in layout.tier_slots(tier) {
+        match slot.kind {
+            SlotKind::Reg(reg) => s.push(Step::Store { reg, base: sp, off: at(slot.kind), note: note(slot.kind) }),
+            SlotKind::Flags => flags_off = Some(at(slot.kind)),
+            _ => {}
+        }
+    }
+    if let Some(off) = flags_off {
+        s.push(Step::SaveFlags { off, scratch: t });
+    }
+
+    // 3. Specials.  The parent first: on x86 both come through `t`.
+    let parent_reg = match spec.parent {
+        Location::Reg(r) => r,
+        Location::Stack(n) => {
+            s.push(Step::Load { reg: t, base: sp, off: entry + n as i32, note: Note::Text("parent return address") });
+            t
+        }
+    };
+    s.push(Step::Store { reg: parent_reg, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
+    let site_ret = match spec.site_return {
+        Location::Reg(r) => r,
+        Location::Stack(n) => {
+            s.push(Step::Load { reg: t, base: sp, off: entry + n as i32, note: Note::Text("address after the site") });
+            t
+        }
+    };
+    s.push(Step::Store { reg: site_ret, base: sp, off: at(SlotKind::Ip), note: note(SlotKind::Ip) });
+    // The traced function's sp at its entry: the site's `call` may have
+    // pushed the site return address.
+    let pushed = if matches!(spec.site_return, Location::Stack(_)) { 8 } else { 0 };
+    let arg = &spec.int_args;
+    s.push(Step::AddImm { dst: arg[3], src: sp, imm: entry + pushed, note: Note::Text("traced function's sp") });
+    s.push(Step::Store { reg: arg[3], base: sp, off: at(SlotKind::Sp), note: note(SlotKind::Sp) });
+
+    // 4. The call: func(ip, parent_ip, op, fregs).
+    s.push(Step::AddImm { dst: arg[0], src: site_ret, imm: spec.raw.site.ip_offset, note: Note::Text("ip = site address") });
+    s.push(Step::Load { reg: arg[1], base: sp, off: at(SlotKind::ReturnAddress), note: Note::Text("parent_ip") });
+    s.push(Step::AddImm { dst: arg[3], src: sp, imm: base, note: Note::Text("fregs") });
+    match dispatch {
+        Dispatch::List => {
+            s.push(Step::LoadData { dst: arg[2], word: DataWord::FunctionTraceOp });
+            s.push(Step::CallData { word: DataWord::ListFunc, scratch: t });
+        }
+        Dispatch::Direct => {
+            s.push(Step::LoadData { dst: arg[2], word: DataWord::DirectOp });
+            s.push(Step::CallData { word: DataWord::DirectFunc, scratch: t });
+        }
+        Dispatch::Callsite => {
+            s.push(Step::Load { reg: arg[2], base: arg[0], off: spec.raw.site.callsite_ops_offset, note: Note::Text("op = word before the function") });
+            s.push(Step::Load { reg: t, base: arg[2], off: 0, note: Note::Text("op->func") });
+            s.push(Step::CallReg { target: t });
+        }
+    }
+
+    // 5. Restore, 6. resume.
+    let restore = |s: &mut Vec<Step>| {
+        if let Some(off) = flags_off {
+            s.push(Step::RestoreFlags { off, scratch: t });
+        }
+        for slot in layout.tier_slots(tier).iter().rev() {
+            if let SlotKind::Reg(reg) = slot.kind {
+                s.push(Step::Load { reg, base: sp, off: at(slot.kind), note: note(slot.kind) });
+            }
+        }
+    };
+    match spec.site_return {
+        Location::Stack(n) => {
+            // Return address slots first (through the scratch register),
+            // then the registers, so a restored scratch stays restored.
+            s.push(Step::Load { reg: t, base: sp, off: at(SlotKind::Ip), note: note(SlotKind::Ip) });
+            s.push(Step::Store { reg: t, base: sp, off: entry + n as i32, note: Note::Text("resume at ip") });
+            s.push(Step::Load { reg: t, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
+            let Location::Stack(p) = spec.parent else { unreachable!("checked by spec") };
+            s.push(Step::Store { reg: t, base: sp, off: entry + p as i32, note: Note::Text("traced function returns here") });
+            restore(&mut s);
+            s.push(Step::AdjustSp { delta: frame });
+            s.push(Step::Return);
+        }
+        Location::Reg(_) => {
+            restore(&mut s);
+            for r in &spec.resume_return_address {
+                s.push(Step::Load { reg: *r, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
+            }
+            let via = spec.resume_via.expect("checked by spec");
+            s.push(Step::Load { reg: via, base: sp, off: at(SlotKind::Ip), note: note(SlotKind::Ip) });
+            s.push(Step::AdjustSp { delta: frame });
+            s.push(Step::JumpReg { target: via });
+        }
+    }
+    s
+}
+
+fn return_steps(spec: &Spec, layout: &FrameLayout) -> Vec<Step> {
+    let sp = spec.sp;
+    let frame = layout.frame_size(Tier::Args) as i32;
+    let base = layout.fregs_base() as i32;
+    let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
+    let note = |kind: SlotKind| slot_note(spec, layout, kind);
+    let saved: Vec<Reg> = spec.int_ret.iter().chain(&spec.fp_ret).copied().chain([spec.fp]).collect();
+    let arg0 = spec.int_args[0];
+    let mut s = vec![Step::AdjustSp { delta: -frame }];
+    for r in &saved {
+        s.push(Step::Store { reg: *r, base: sp, off: at(SlotKind::Reg(*r)), note: note(SlotKind::Reg(*r)) });
+    }
+    let t = spec.scratch[0];
+    s.push(Step::AddImm { dst: t, src: sp, imm: frame, note: Note::Text("sp after the return") });
+    s.push(Step::Store { reg: t, base: sp, off: at(SlotKind::Sp), note: note(SlotKind::Sp) });
+    s.push(Step::AddImm { dst: arg0, src: sp, imm: base, note: Note::Text("fregs") });
+    s.push(Step::CallData { word: DataWord::ReturnHandler, scratch: t });
+    s.push(Step::AddImm { dst: spec.return_via, src: spec.int_ret[0], imm: 0, note: Note::Text("the real return address") });
+    for r in saved.iter().rev() {
+        if *r == spec.fp {
+            continue;
+        }
+        s.push(Step::Load { reg: *r, base: sp, off: at(SlotKind::Reg(*r)), note: note(SlotKind::Reg(*r)) });
+    }
+    s.push(Step::AdjustSp { delta: frame });
+    s.push(Step::JumpReg { target: spec.return_via });
+    s
+}
+
+/// Renders a step the way listings show it.
+pub fn describe(spec: &Spec, step: &Step) -> String {
+    let r = |reg: &Reg| spec.reg_name(*reg);
+    let mem = |base: &Reg, off: &i32| {
+        if *off < 0 {
+            format!("[{}-{}]", r(base), -off)
+        } else {
+            format!("[{}+{}]", r(base), off)
+        }
+    };
+    let n = |note: &Note| match note {
+        Note::None => String::new(),
+        Note::Slot(s) => format!("  ; {s}"),
+        Note::Text(t) => format!("  ; {t}"),
+    };
+    match step {
+        Step::AdjustSp { delta } => format!("adjust_sp {delta:+}"),
+        Step::Store { reg, base, off, note } => format!("store     {} -> {}{}", r(reg), mem(base, off), n(note)),
+        Step::Load { reg, base, off, note } => format!("load      {} <- {}{}", r(reg), mem(base, off), n(note)),
+        Step::AddImm { dst, src, imm, note } if *imm == 0 => format!("move      {} <- {}{}", r(dst), r(src), n(note)),
+        Step::AddImm { dst, src, imm, note } => format!("add_imm   {} <- {} {:+}{}", r(dst), r(src), imm, n(note)),
+        Step::LoadData { dst, word } => format!("load_data {} <- {}", r(dst), word.symbol()),
+        Step::CallData { word, .. } => format!("call_data {}", word.symbol()),
+        Step::CallReg { target } => format!("call_reg  {}", r(target)),
+        Step::JumpReg { target } => format!("jump_reg  {}", r(target)),
+        Step::Return => "return".to_string(),
+        Step::SaveFlags { off, .. } => format!("save_flags -> {}", mem(&spec.sp, off)),
+        Step::RestoreFlags { off, .. } => format!("restore_flags <- {}", mem(&spec.sp, off)),
+    }
+}
+
+#[allow(dead_code)]
+fn is_vector(r: Reg) -> bool {
+    r.class == RegClass::Vector
+}
