@@ -98,6 +98,13 @@ pub struct RawArch {
     #[serde(default)]
     pub elf_flags: u32,
     pub capstone: String,
+    /// GNU triple of the cross tools (`<triple>-gcc`, `<triple>-objdump`).
+    pub gnu_triple: String,
+    /// qemu-user binary suffix (`qemu-<name>`); empty for the host arch.
+    #[serde(default)]
+    pub qemu: String,
+    /// Rust target triple.
+    pub rust_target: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -125,7 +125,11 @@ impl Emitter for X64Emitter {
     }
 
     fn finish(self: Box<Self>) -> Result<(Vec<u8>, Vec<Fixup>), CodegenError> {
-        let code = self.ops.finalize().map_err(|e| CodegenError::Assembler { arch: ARCH, what: e.to_string() })?;
+        let mut code = self.ops.finalize().map_err(|e| CodegenError::Assembler { arch: ARCH, what: e.to_string() })?;
+        // Leave relocated fields zero, as an assembler would for RELA.
+        for f in &self.fixups {
+            code[f.at..f.at + 4].fill(0);
+        }
         Ok((code, self.fixups))
     }
 }
