@@ -20,6 +20,7 @@ use std::fmt;
 pub const BUILTIN: &[(&str, &str, &str)] = &[
     ("x86_64", "arch-specs/x86_64.toml", include_str!("../../arch-specs/x86_64.toml")),
     ("aarch64", "arch-specs/aarch64.toml", include_str!("../../arch-specs/aarch64.toml")),
+    ("riscv64", "arch-specs/riscv64.toml", include_str!("../../arch-specs/riscv64.toml")),
 ];
 
 /// A spec file that could not be used.
@@ -117,6 +118,10 @@ pub struct RawRegisters {
     pub vector_bytes: u32,
     #[serde(default)]
     pub flags: Option<String>,
+    /// A general-purpose register hardwired to zero (riscv64 `zero`): it
+    /// holds no state, so it is never saved and cannot be a slot.
+    #[serde(default)]
+    pub zero: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -395,6 +400,9 @@ impl Checker<'_> {
                 }
                 _ => {
                     let r = self.reg(field, n)?;
+                    if self.raw.registers.zero.as_deref() == Some(n.as_str()) {
+                        return Err(self.err(field, format!("`{n}` is hardwired to zero and cannot be a slot")));
+                    }
                     if r.class == RegClass::Special {
                         return Err(self.err(field, format!("`{n}` is a special register and cannot be a slot")));
                     }
@@ -419,6 +427,9 @@ impl Checker<'_> {
             if !seen.insert(n.as_str()) {
                 return Err(self.err("registers", format!("register name `{n}` is defined twice")));
             }
+        }
+        if let Some(z) = &regs.zero {
+            self.gpr("registers.zero", z)?;
         }
         if ![8, 16, 32, 64].contains(&regs.vector_bytes) {
             return Err(self.err("registers.vector_bytes", format!("{} is not 8, 16, 32 or 64", regs.vector_bytes)));
@@ -540,11 +551,11 @@ impl Checker<'_> {
             need("ftrace_regs.slots", "TOC register", &[toc])?;
         }
         // The regs tier must cover every general-purpose register but the
-        // stack pointer and the link register (whose value is `ip` /
-        // `return_address`).
+        // stack pointer, the link register (whose value is `ip` /
+        // `return_address`) and a hardwired zero register.
         for (i, n) in regs.gpr.iter().enumerate() {
             let r = Reg::gpr(i as u8);
-            if r == sp || Some(r) == lr {
+            if r == sp || Some(r) == lr || regs.zero.as_ref() == Some(n) {
                 continue;
             }
             if !ftrace_regs.contains(&SlotKind::Reg(r)) && !pt_regs.contains(&SlotKind::Reg(r)) {

@@ -1,1 +1,61 @@
-//! placeholder
+//! ftramp-runtime: the user-space side of ftrace.
+//!
+//! For now this holds what running generated trampolines needs: executable
+//! memory placed within branch reach of the code it serves ([`exec`]), the
+//! one place that makes modified code visible to the CPU ([`cache`]),
+//! text patching of a patch site ([`patch`]) and the `ftrace_regs` accessors
+//! ([`regs`]) that read the layout the generator used.  Site discovery, ops,
+//! fgraph and fprobe build on these.
+//!
+//! `unsafe` lives only in `exec.rs`, `cache.rs`, `patch.rs` and `regs.rs`,
+//! each block with the reason it is sound.
+
+pub mod cache;
+pub mod exec;
+pub mod patch;
+pub mod regs;
+
+pub use exec::JitImage;
+pub use regs::FtraceRegs;
+
+use ftramp_codegen::{CodegenError, Spec};
+
+/// Errors of the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Codegen(#[from] CodegenError),
+    #[error("{call} failed: {err}")]
+    Os { call: &'static str, err: std::io::Error },
+    #[error("no free address range of {size} bytes within {reach:#x} bytes of {near:#x}")]
+    NoMemoryInReach { near: usize, size: usize, reach: u64 },
+    #[error("site {addr:#x} does not hold the expected bytes (found {found:02x?})")]
+    UnexpectedSiteBytes { addr: usize, found: Vec<u8> },
+}
+
+impl RuntimeError {
+    pub(crate) fn os(call: &'static str) -> RuntimeError {
+        RuntimeError::Os { call, err: std::io::Error::last_os_error() }
+    }
+}
+
+/// The spec name of the architecture this runtime was built for.
+pub const HOST_ARCH: &str = if cfg!(target_arch = "x86_64") {
+    "x86_64"
+} else if cfg!(target_arch = "aarch64") {
+    "aarch64"
+} else if cfg!(target_arch = "riscv64") {
+    "riscv64"
+} else if cfg!(all(target_arch = "powerpc64", target_endian = "little")) {
+    "ppc64le"
+} else if cfg!(target_arch = "s390x") {
+    "s390x"
+} else {
+    "unsupported"
+};
+
+/// The built-in spec of the host architecture, parsed once.
+pub fn host_spec() -> &'static Spec {
+    static SPEC: std::sync::OnceLock<Spec> = std::sync::OnceLock::new();
+    SPEC.get_or_init(|| Spec::builtin(HOST_ARCH).expect("the host arch has a valid built-in spec"))
+}

@@ -19,6 +19,7 @@ use crate::program::{CodegenError, DataWord};
 use crate::spec::{Reg, Spec};
 
 pub mod aarch64;
+pub mod riscv64;
 pub mod x86_64;
 
 /// How an instruction refers to a data word; resolved by the arch's
@@ -36,6 +37,12 @@ pub enum FixupKind {
     A64Ldst64Lo12,
     // riscv64, ppc64le and s390x kinds are added below by their backends
     // (append only; each arch's reloc.rs gives the meaning and the ELF types).
+    /// riscv64: `auipc` high part of the PC-relative distance to the word
+    /// (`R_RISCV_PCREL_HI20`).
+    RvPcrelHi20,
+    /// riscv64: the I-type low 12 bits (`R_RISCV_PCREL_LO12_I`) of the
+    /// distance from the `auipc` `hi_back` bytes earlier to the word.
+    RvPcrelLo12I { hi_back: u8 },
 }
 
 /// A reference from code to a data word, recorded while emitting.
@@ -114,7 +121,7 @@ pub trait Arch: Sync {
 /// Every arch this build knows, compiled in or not.
 pub const KNOWN: &[&str] = &["x86_64", "aarch64", "riscv64", "ppc64le", "s390x"];
 
-static ARCHES: &[&dyn Arch] = &[&x86_64::X86_64, &aarch64::Aarch64];
+static ARCHES: &[&dyn Arch] = &[&x86_64::X86_64, &aarch64::Aarch64, &riscv64::Riscv64];
 
 /// The backends in this build.
 pub fn all() -> impl Iterator<Item = &'static dyn Arch> {

@@ -1,0 +1,29 @@
+//! The C side of the execution tests (see `tests/c/`).
+#![allow(clippy::too_many_arguments)]
+
+extern "C" {
+    pub fn tracee_args(a: i64, b: i64, c: i64, d: i64, e: i64, f: i64, g: i64, h: i64, x: f64, y: f64) -> i64;
+    pub fn tracee_args_alt(a: i64, b: i64, c: i64, d: i64, e: i64, f: i64, g: i64, h: i64, x: f64, y: f64) -> i64;
+    pub fn tracee_fp(x: f64, y: f64, n: i64) -> f64;
+    pub fn tracee_two(a: i64, b: i64) -> i64;
+    pub fn tracee_nested(n: i64) -> i64;
+    pub fn tracee_callsite(a: i64, b: i64) -> i64;
+    pub fn arch_call_checked(f: usize, a: i64, b: i64, bad: *mut u64) -> i64;
+    pub fn arch_sp_probe(ip: usize, parent: usize, op: usize, fregs: usize);
+    pub fn arch_sp_mod() -> u64;
+    pub static arch_probe_sp: u64;
+    pub static arch_probe_calls: u64;
+}
+
+/// The untraced results, computed in Rust.
+pub fn expect_args(a: [i64; 8], x: f64, y: f64) -> i64 {
+    a.iter().enumerate().map(|(i, v)| (i as i64 + 1) * v).sum::<i64>() + (x * 10.0) as i64 + (y * 100.0) as i64
+}
+
+pub fn expect_nested(n: i64) -> i64 {
+    if n <= 0 {
+        1
+    } else {
+        expect_nested(n - 1) * 2 + n
+    }
+}

@@ -1,0 +1,335 @@
+//! JIT trampolines called from real patched C functions, for every variant.
+//!
+//! Each test patches the site of a C tracee (built with the arch's
+//! patchable-entry flags) to call a generated trampoline and checks what
+//! the tracer sees and what the caller gets back.  Runs natively on x86_64
+//! and, cross-built, under qemu-user for the other arches.
+
+use ftramp_codegen::{arch, image::Image, DataWord, Dispatch, Tier, Variant};
+use ftramp_exectest::*;
+use ftramp_runtime::{host_spec, patch, FtraceRegs, JitImage};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Mutex, MutexGuard};
+
+/// A function's address.
+macro_rules! addr {
+    ($f:expr) => {
+        $f as *const () as usize
+    };
+}
+
+type Func = unsafe extern "C" fn(usize, usize, *const TestOps, *mut FtraceRegs);
+
+/// Our `struct ftrace_ops`: the callback must be the first word (callsite
+/// dispatch calls `op->func`).
+#[repr(C)]
+struct TestOps {
+    func: Func,
+    tag: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    ip: usize,
+    parent: usize,
+    op: usize,
+    args: Vec<u64>,
+    fp: [f64; 2],
+    sp: usize,
+    /// The word at `sp` while the callback runs.
+    stack_top: usize,
+    resume: usize,
+    callee_saved0: Option<u64>,
+}
+
+static SEEN: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
+static RETURNS: Mutex<Vec<(u64, f64)>> = Mutex::new(Vec::new());
+static REDIRECT: AtomicUsize = AtomicUsize::new(0);
+static HIJACK: AtomicBool = AtomicBool::new(false);
+static RETURN_TO_HANDLER: AtomicUsize = AtomicUsize::new(0);
+static SET_RET: AtomicI64 = AtomicI64::new(i64::MIN);
+static SET_FP_RET: AtomicU64 = AtomicU64::new(0);
+static LOCK: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    static SHADOW: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+unsafe extern "C" fn tracer(ip: usize, parent: usize, op: *const TestOps, fregs: *mut FtraceRegs) {
+    let fregs = &mut *fregs;
+    let spec = host_spec();
+    lock(&SEEN).push(Seen {
+        ip,
+        parent,
+        op: op as usize,
+        args: (0..spec.int_args.len()).map(|n| fregs.argument(n).unwrap()).collect(),
+        fp: [fregs.fp_argument(0).unwrap(), fregs.fp_argument(1).unwrap()],
+        sp: fregs.stack_pointer(),
+        stack_top: *(fregs.stack_pointer() as *const usize),
+        resume: fregs.instruction_pointer(),
+        callee_saved0: fregs.register(&spec.raw.abi.callee_saved[0]),
+    });
+    let to = REDIRECT.load(SeqCst);
+    if to != 0 {
+        fregs.set_instruction_pointer(to);
+    }
+    if HIJACK.load(SeqCst) {
+        SHADOW.with(|s| s.borrow_mut().push(fregs.return_address()));
+        fregs.set_return_address(RETURN_TO_HANDLER.load(SeqCst));
+    }
+}
+
+/// `ftrace_ops_list_func`: here a list of one.
+unsafe extern "C" fn list_func(ip: usize, parent: usize, op: *const TestOps, fregs: *mut FtraceRegs) {
+    ((*op).func)(ip, parent, op, fregs)
+}
+
+/// `ftrace_return_to_handler`.
+unsafe extern "C" fn ret_handler(fregs: *mut FtraceRegs) -> usize {
+    let fregs = &mut *fregs;
+    lock(&RETURNS).push((fregs.return_value(), fregs.fp_return_value().unwrap_or(f64::NAN)));
+    let v = SET_RET.load(SeqCst);
+    if v != i64::MIN {
+        fregs.set_return_value(v as u64);
+    }
+    let f = SET_FP_RET.load(SeqCst);
+    if f != 0 {
+        fregs.set_fp_return_value(f64::from_bits(f));
+    }
+    SHADOW.with(|s| s.borrow_mut().pop().expect("a return we did not hijack"))
+}
+
+/// Locks a test global even after another test panicked holding it.
+fn lock<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Fixture {
+    jit: JitImage,
+    ops: Box<TestOps>,
+    _guard: MutexGuard<'static, ()>,
+}
+
+fn fixture() -> Fixture {
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    lock(&SEEN).clear();
+    lock(&RETURNS).clear();
+    REDIRECT.store(0, SeqCst);
+    HIJACK.store(false, SeqCst);
+    SET_RET.store(i64::MIN, SeqCst);
+    SET_FP_RET.store(0, SeqCst);
+    let spec = host_spec();
+    let image = Image::generate(spec, &Variant::ALL).unwrap();
+    let jit = JitImage::install(image, Some(addr!(tracee_two)), spec.raw.site.reach).unwrap();
+    let ops = Box::new(TestOps { func: tracer, tag: 0x0f7a_ce0f });
+    let opp = &*ops as *const TestOps as usize;
+    assert!(jit.set_word(DataWord::FunctionTraceOp, opp));
+    assert!(jit.set_word(DataWord::ListFunc, addr!(list_func)));
+    assert!(jit.set_word(DataWord::ReturnHandler, addr!(ret_handler)));
+    assert!(jit.set_word(DataWord::DirectOp, opp));
+    assert!(jit.set_word(DataWord::DirectFunc, addr!(tracer)));
+    RETURN_TO_HANDLER.store(jit.entry(Variant::Return).unwrap(), SeqCst);
+    Fixture { jit, ops, _guard: guard }
+}
+
+/// The patch site of a function: the first NOP form of the spec found in
+/// its first bytes.
+fn site_of(f: usize) -> usize {
+    let spec = host_spec();
+    let code = patch::read_text(f, 64);
+    for off in 0..=(64 - spec.site_len) {
+        if spec.nops.iter().any(|n| code[off..off + n.len()] == n[..]) {
+            return f + off;
+        }
+    }
+    panic!("no patch site in the first 64 bytes of {f:#x}: {code:02x?}");
+}
+
+/// Runs `body` with `f`'s site calling `target`; restores the NOPs after.
+fn with_site<R>(f: usize, target: usize, body: impl FnOnce() -> R) -> R {
+    let spec = host_spec();
+    let site = site_of(f);
+    let nops = patch::read_text(site, spec.site_len);
+    let call = arch::lookup(&spec.name).unwrap().site_call(site as u64, target as u64).unwrap();
+    assert_eq!(call.len(), spec.site_len);
+    patch::replace_text(site, &nops, &call).unwrap();
+    let r = body();
+    patch::replace_text(site, &call, &nops).unwrap();
+    r
+}
+
+fn entry_variants() -> impl Iterator<Item = Variant> {
+    Variant::ALL.into_iter().filter(|v| *v != Variant::Return)
+}
+
+/// Places the ops pointer in the word before a callsite tracee.
+fn set_callsite_ops(f: usize, ops: usize) {
+    let spec = host_spec();
+    let at = (site_of(f) as isize + spec.raw.site.callsite_ops_offset as isize) as usize;
+    patch::write_text(at, &(ops as u64).to_ne_bytes()).unwrap();
+}
+
+/// What `arch_call_checked` loads into the first callee-saved register.
+static CALLEE_SAVED0_PATTERN: std::sync::LazyLock<std::collections::HashMap<&'static str, u64>> = std::sync::LazyLock::new(|| {
+    [("x86_64", 0x1111111111111101), ("aarch64", 0x1919191919191919)].into_iter().collect()
+});
+
+const A: [i64; 8] = [1, -2, 3_000_000_000, 4, 5, -6, 7, 8];
+
+#[test]
+fn the_tracer_sees_ip_parent_ops_and_every_argument() {
+    let fx = fixture();
+    let spec = host_spec();
+    let opp = &*fx.ops as *const TestOps as usize;
+    for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
+        lock(&SEEN).clear();
+        let f = addr!(tracee_args);
+        let got = with_site(f, fx.jit.entry(v).unwrap(), || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        assert_eq!(got, expect_args(A, 1.5, 2.25), "{v}: result");
+        let seen = lock(&SEEN).clone();
+        assert_eq!(seen.len(), 1, "{v}: one callback");
+        let s = &seen[0];
+        assert_eq!(s.ip, site_of(f), "{v}: ip is the site");
+        assert_eq!(s.resume, site_of(f) + spec.site_len, "{v}: resume after the site");
+        assert_eq!(s.op, opp, "{v}: ops pointer");
+        for (n, want) in A.iter().enumerate().take(spec.int_args.len()) {
+            assert_eq!(s.args[n], *want as u64, "{v}: argument {n}");
+        }
+        assert_eq!(s.fp, [1.5, 2.25], "{v}: FP arguments");
+        assert_ne!(s.parent, 0);
+        if spec.name == "x86_64" {
+            // The traced function's sp points at its return address.
+            assert_eq!(s.stack_top, s.parent, "{v}: sp");
+        }
+    }
+}
+
+#[test]
+fn callsite_dispatch_reads_the_ops_word_before_the_function() {
+    let fx = fixture();
+    let opp = &*fx.ops as *const TestOps as usize;
+    set_callsite_ops(addr!(tracee_callsite), opp);
+    for tier in [Tier::Args, Tier::Regs] {
+        lock(&SEEN).clear();
+        let v = Variant::Entry { tier, dispatch: Dispatch::Callsite };
+        let got = with_site(addr!(tracee_callsite), fx.jit.entry(v).unwrap(), || unsafe { tracee_callsite(6, -4) });
+        assert_eq!(got, 6 * 7 - 4);
+        let seen = lock(&SEEN).clone();
+        assert_eq!(seen.len(), 1, "{v}");
+        assert_eq!(seen[0].op, opp);
+        assert_eq!(seen[0].ip, site_of(addr!(tracee_callsite)));
+        assert_eq!(&seen[0].args[..2], &[6, (-4i64) as u64]);
+    }
+}
+
+#[test]
+fn callee_saved_registers_and_the_parent_ip_are_right() {
+    let fx = fixture();
+    let opp = &*fx.ops as *const TestOps as usize;
+    set_callsite_ops(addr!(tracee_callsite), opp);
+    for v in entry_variants() {
+        lock(&SEEN).clear();
+        let f = match v {
+            Variant::Entry { dispatch: Dispatch::Callsite, .. } => addr!(tracee_callsite),
+            _ => addr!(tracee_two),
+        };
+        let mut bad = u64::MAX;
+        let got = with_site(f, fx.jit.entry(v).unwrap(), || unsafe { arch_call_checked(f, 12, 34, &mut bad) });
+        let want = if f == addr!(tracee_two) { 12 * 1000 + 34 } else { 12 * 7 + 34 };
+        assert_eq!(got, want, "{v}");
+        assert_eq!(bad, 0, "{v}: callee-saved registers changed (mask {bad:#x})");
+        let seen = lock(&SEEN).clone();
+        let caller = addr!(arch_call_checked);
+        assert!(seen[0].parent > caller && seen[0].parent < caller + 1024, "{v}: parent_ip {:#x} not in the caller at {caller:#x}", seen[0].parent);
+        if let Variant::Entry { tier: Tier::Regs, .. } = v {
+            // pt_regs has the caller's callee-saved values.
+            let cs0 = seen[0].callee_saved0.expect("callee-saved register in pt_regs");
+            assert_eq!(cs0, CALLEE_SAVED0_PATTERN[host_spec().name.as_str()], "{v}: pt_regs.{}", host_spec().raw.abi.callee_saved[0]);
+        }
+    }
+}
+
+#[test]
+fn callbacks_run_on_an_aligned_stack() {
+    let fx = fixture();
+    let probe = addr!(arch_sp_probe);
+    fx.jit.set_word(DataWord::DirectFunc, probe);
+    let probe_ops = Box::new(TestOps { func: unsafe { std::mem::transmute::<usize, Func>(probe) }, tag: 1 });
+    set_callsite_ops(addr!(tracee_callsite), &*probe_ops as *const TestOps as usize);
+    for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::List, .. })) {
+        let f = match v {
+            Variant::Entry { dispatch: Dispatch::Callsite, .. } => addr!(tracee_callsite),
+            _ => addr!(tracee_two),
+        };
+        let before = unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) };
+        let mut bad = 0;
+        with_site(f, fx.jit.entry(v).unwrap(), || unsafe { arch_call_checked(f, 1, 2, &mut bad) });
+        let after = unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) };
+        assert_eq!(after, before + 1, "{v}: the probe ran");
+        let sp = unsafe { std::ptr::read_volatile(&raw const arch_probe_sp) };
+        assert_eq!(sp % 16, unsafe { arch_sp_mod() }, "{v}: callback sp {sp:#x} misaligned");
+    }
+}
+
+#[test]
+fn setting_the_ip_redirects_the_call() {
+    let fx = fixture();
+    REDIRECT.store(addr!(tracee_args_alt), SeqCst);
+    for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
+        let got = with_site(addr!(tracee_args), fx.jit.entry(v).unwrap(), || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        let want = -(A.iter().sum::<i64>()) - 3 - 1000;
+        assert_eq!(got, want, "{v}: redirected to tracee_args_alt");
+    }
+}
+
+#[test]
+fn returns_go_through_return_to_handler() {
+    let fx = fixture();
+    HIJACK.store(true, SeqCst);
+    for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
+        lock(&RETURNS).clear();
+        let e = fx.jit.entry(v).unwrap();
+        let got = with_site(addr!(tracee_args), e, || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        assert_eq!(got, expect_args(A, 1.5, 2.25), "{v}");
+        let got = with_site(addr!(tracee_fp), e, || unsafe { tracee_fp(1.5, 4.0, 2) });
+        assert_eq!(got, 8.0, "{v}");
+        let r = lock(&RETURNS).clone();
+        assert_eq!(r.len(), 2, "{v}: both returns seen");
+        assert_eq!(r[0].0, expect_args(A, 1.5, 2.25) as u64, "{v}: integer return value");
+        assert_eq!(r[1].1, 8.0, "{v}: FP return value");
+        // Callee-saved registers survive the exit trampoline too.
+        let mut bad = u64::MAX;
+        let got = with_site(addr!(tracee_two), e, || unsafe { arch_call_checked(addr!(tracee_two), 5, 6, &mut bad) });
+        assert_eq!((got, bad), (5006, 0), "{v}");
+    }
+    SHADOW.with(|s| assert!(s.borrow().is_empty()));
+}
+
+#[test]
+fn the_return_handler_can_change_the_return_value() {
+    let fx = fixture();
+    HIJACK.store(true, SeqCst);
+    let e = fx.jit.entry(Variant::ALL[0]).unwrap();
+    SET_RET.store(-42, SeqCst);
+    assert_eq!(with_site(addr!(tracee_two), e, || unsafe { tracee_two(1, 2) }), -42);
+    SET_RET.store(i64::MIN, SeqCst);
+    SET_FP_RET.store(99.5f64.to_bits(), SeqCst);
+    assert_eq!(with_site(addr!(tracee_fp), e, || unsafe { tracee_fp(2.0, 3.0, 0) }), 99.5);
+}
+
+#[test]
+fn nested_traced_calls_return_in_order() {
+    let fx = fixture();
+    HIJACK.store(true, SeqCst);
+    for v in [Variant::ALL[0], Variant::ALL[1], Variant::ALL[2]] {
+        lock(&SEEN).clear();
+        lock(&RETURNS).clear();
+        let got = with_site(addr!(tracee_nested), fx.jit.entry(v).unwrap(), || unsafe { tracee_nested(6) });
+        assert_eq!(got, expect_nested(6), "{v}");
+        assert_eq!(lock(&SEEN).len(), 7, "{v}: entries");
+        let rets: Vec<u64> = lock(&RETURNS).iter().map(|r| r.0).collect();
+        let want: Vec<u64> = (0..=6).map(|n| expect_nested(n) as u64).collect();
+        assert_eq!(rets, want, "{v}: innermost first");
+    }
+}

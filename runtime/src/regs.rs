@@ -1,0 +1,146 @@
+//! `FtraceRegs`: what a callback receives, read through the same
+//! [`FrameLayout`] the generator used to store it (one layout per frame).
+
+use crate::host_spec;
+use ftramp_codegen::frame::FrameLayout;
+use ftramp_codegen::spec::{Reg, SlotKind};
+use std::sync::OnceLock;
+
+struct Offsets {
+    int_args: Vec<usize>,
+    fp_args: Vec<usize>,
+    ret: usize,
+    fp_ret: Option<usize>,
+    ip: usize,
+    sp: usize,
+    fp: usize,
+    return_address: usize,
+    layout: FrameLayout,
+}
+
+fn offsets() -> &'static Offsets {
+    static O: OnceLock<Offsets> = OnceLock::new();
+    O.get_or_init(|| {
+        let spec = host_spec();
+        let layout = FrameLayout::new(spec);
+        let at = |k: SlotKind| layout.slot(k).expect("spec checked").offset as usize;
+        let reg = |r: &Reg| at(SlotKind::Reg(*r));
+        Offsets {
+            int_args: spec.int_args.iter().map(reg).collect(),
+            fp_args: spec.fp_args.iter().map(reg).collect(),
+            ret: reg(&spec.int_ret[0]),
+            fp_ret: spec.fp_ret.first().map(reg),
+            ip: at(SlotKind::Ip),
+            sp: at(SlotKind::Sp),
+            fp: reg(&spec.fp),
+            return_address: at(SlotKind::ReturnAddress),
+            layout,
+        }
+    })
+}
+
+/// The saved machine state a trampoline passes to a callback
+/// (`struct ftrace_regs *`).  Only ever used behind a reference the
+/// trampoline handed out; it points into the trampoline's stack frame.
+#[repr(C)]
+pub struct FtraceRegs {
+    _opaque: [u8; 0],
+}
+
+impl FtraceRegs {
+    fn read(&self, off: usize) -> u64 {
+        // SAFETY: `self` points at a struct ftrace_regs laid out by
+        // FrameLayout (the trampoline allocated fregs_size bytes, 16-byte
+        // aligned) and every offset used here comes from that layout.
+        unsafe { ((self as *const Self as *const u8).add(off) as *const u64).read() }
+    }
+
+    fn write(&mut self, off: usize, v: u64) {
+        // SAFETY: as in `read`; `&mut self` gives exclusive access.
+        unsafe { ((self as *mut Self as *mut u8).add(off) as *mut u64).write(v) }
+    }
+
+    /// The `n`-th integer argument register (None past the last one).
+    pub fn argument(&self, n: usize) -> Option<u64> {
+        offsets().int_args.get(n).map(|o| self.read(*o))
+    }
+
+    pub fn set_argument(&mut self, n: usize, v: u64) -> bool {
+        match offsets().int_args.get(n) {
+            Some(o) => {
+                self.write(*o, v);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The first 8 bytes (in memory order) of the `n`-th FP argument register.
+    pub fn fp_argument(&self, n: usize) -> Option<f64> {
+        offsets().fp_args.get(n).map(|o| f64::from_bits(self.read(*o)))
+    }
+
+    pub fn return_value(&self) -> u64 {
+        self.read(offsets().ret)
+    }
+
+    pub fn set_return_value(&mut self, v: u64) {
+        self.write(offsets().ret, v)
+    }
+
+    pub fn fp_return_value(&self) -> Option<f64> {
+        offsets().fp_ret.map(|o| f64::from_bits(self.read(o)))
+    }
+
+    pub fn set_fp_return_value(&mut self, v: f64) -> bool {
+        match offsets().fp_ret {
+            Some(o) => {
+                self.write(o, v.to_bits());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Where execution resumes after the callback.
+    pub fn instruction_pointer(&self) -> usize {
+        self.read(offsets().ip) as usize
+    }
+
+    /// Redirect: resume at `ip` (IPMODIFY).
+    pub fn set_instruction_pointer(&mut self, ip: usize) {
+        self.write(offsets().ip, ip as u64)
+    }
+
+    /// The traced function's stack pointer at its entry.
+    pub fn stack_pointer(&self) -> usize {
+        self.read(offsets().sp) as usize
+    }
+
+    pub fn frame_pointer(&self) -> usize {
+        self.read(offsets().fp) as usize
+    }
+
+    /// Where the traced function will return.
+    pub fn return_address(&self) -> usize {
+        self.read(offsets().return_address) as usize
+    }
+
+    pub fn set_return_address(&mut self, ra: usize) {
+        self.write(offsets().return_address, ra as u64)
+    }
+
+    /// Any saved register by its spec name (`rbx`, `x19`…).  Registers
+    /// outside `struct ftrace_regs` are only valid in `regs`-tier callbacks
+    /// (Linux's `ftrace_get_regs`).
+    pub fn register(&self, name: &str) -> Option<u64> {
+        let r = host_spec().reg(name)?;
+        let slot = offsets().layout.slot(SlotKind::Reg(r))?;
+        Some(self.read(slot.offset as usize))
+    }
+
+    /// The host layout (for tools that print registers).
+    pub fn layout() -> &'static FrameLayout {
+        &offsets().layout
+    }
+}

@@ -1,0 +1,51 @@
+/* x86_64 parts of the execution-test harness (see harness.c). */
+#define ARCH_SP_MOD 8 /* after `call`, rsp + 8 is 16-byte aligned */
+
+__asm__(
+	".text\n"
+	".globl arch_sp_probe\n"
+	".type arch_sp_probe,@function\n"
+	"arch_sp_probe:\n"
+	"	mov %rsp, arch_probe_sp(%rip)\n"
+	"	incq arch_probe_calls(%rip)\n"
+	"	ret\n"
+	".size arch_sp_probe, .-arch_sp_probe\n"
+
+	".globl arch_call_checked\n"
+	".type arch_call_checked,@function\n"
+	"arch_call_checked:\n"
+	"	push %rbx\n	push %rbp\n	push %r12\n	push %r13\n	push %r14\n	push %r15\n"
+	"	push %rcx\n" /* 7 pushes: rsp is 16-byte aligned again */
+	"	mov %rdi, %rax\n	mov %rsi, %rdi\n	mov %rdx, %rsi\n"
+	"	movabs $0x1111111111111101, %rbx\n"
+	"	movabs $0x2222222222222202, %rbp\n"
+	"	movabs $0x3333333333333303, %r12\n"
+	"	movabs $0x4444444444444404, %r13\n"
+	"	movabs $0x5555555555555505, %r14\n"
+	"	movabs $0x6666666666666606, %r15\n"
+	"	call *%rax\n"
+	"	pop %rcx\n"
+	"	xor %edx, %edx\n"
+	"	movabs $0x1111111111111101, %r8\n	cmp %r8, %rbx\n	je 1f\n	or $1, %edx\n1:\n"
+	"	movabs $0x2222222222222202, %r8\n	cmp %r8, %rbp\n	je 1f\n	or $2, %edx\n1:\n"
+	"	movabs $0x3333333333333303, %r8\n	cmp %r8, %r12\n	je 1f\n	or $4, %edx\n1:\n"
+	"	movabs $0x4444444444444404, %r8\n	cmp %r8, %r13\n	je 1f\n	or $8, %edx\n1:\n"
+	"	movabs $0x5555555555555505, %r8\n	cmp %r8, %r14\n	je 1f\n	or $16, %edx\n1:\n"
+	"	movabs $0x6666666666666606, %r8\n	cmp %r8, %r15\n	je 1f\n	or $32, %edx\n1:\n"
+	"	mov %rdx, (%rcx)\n"
+	"	pop %r15\n	pop %r14\n	pop %r13\n	pop %r12\n	pop %rbp\n	pop %rbx\n"
+	"	ret\n"
+	".size arch_call_checked, .-arch_call_checked\n");
+
+/* The enabled form of a site (used by the object test; the JIT test uses
+ * the generator's own site encoder). */
+static inline int arch_site_call(unsigned char *buf, unsigned long site, unsigned long target)
+{
+	long rel = (long)target - (long)(site + 5);
+	if (rel != (int)rel)
+		return -1;
+	buf[0] = 0xe8;
+	for (int i = 0; i < 4; i++)
+		buf[1 + i] = (unsigned char)((unsigned long)rel >> (8 * i));
+	return 5;
+}

@@ -1,0 +1,32 @@
+/* Architecture helpers for the execution tests, built WITHOUT patchable
+ * entries.  The per-arch parts (tests/c/arch/<arch>.h) provide:
+ *
+ *   long arch_call_checked(void *fn, long a, long b, unsigned long *bad);
+ *       Loads a known pattern into every callee-saved register, calls
+ *       fn(a, b), and sets *bad to a bit mask of the callee-saved registers
+ *       that did not survive (0 = all intact).
+ *   void arch_sp_probe(unsigned long ip, unsigned long parent, void *op, void *fregs);
+ *       A tracer that records its stack pointer at entry in arch_probe_sp.
+ *   ARCH_SP_MOD: what arch_probe_sp % 16 must be under the ABI.
+ */
+unsigned long arch_probe_sp;
+unsigned long arch_probe_calls;
+
+#if defined(__x86_64__)
+#include "arch/x86_64.h"
+#elif defined(__aarch64__)
+#include "arch/aarch64.h"
+#elif defined(__riscv)
+#include "arch/riscv64.h"
+#elif defined(__powerpc64__)
+#include "arch/ppc64le.h"
+#elif defined(__s390x__)
+#include "arch/s390x.h"
+#else
+#error "no test harness for this architecture"
+#endif
+
+unsigned long arch_sp_mod(void)
+{
+	return ARCH_SP_MOD;
+}
