@@ -12,7 +12,7 @@
 //! test fails with the command it could not run (set
 //! `FTRAMP_SKIP_ORACLE=1` to skip deliberately).
 
-use ftramp_codegen::{arch, image::Image, listing, object, spec::Spec, Variant};
+use ftramp_codegen::{arch, arch::RelocTarget, image::Image, listing, object, spec::Spec, Variant};
 use std::collections::BTreeMap;
 use std::process::Command;
 
@@ -26,6 +26,11 @@ fn run_objdump(spec: &Spec, path: &std::path::Path) -> (BTreeMap<usize, String>,
     cmd.arg("-d").arg("-r").arg("-z");
     if spec.name == "x86_64" {
         cmd.arg("-M").arg("intel");
+    }
+    // Raw RISC-V mnemonics (`c.sdsp`, `addi`), as capstone prints them,
+    // instead of objdump's pseudo-instructions (`sd`, `mv`, `ret`).
+    if spec.name == "riscv64" {
+        cmd.arg("-M").arg("no-aliases");
     }
     cmd.arg(path);
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {}: {e} (install binutils for {})", objdump(spec), spec.name));
@@ -49,12 +54,35 @@ fn run_objdump(spec: &Spec, path: &std::path::Path) -> (BTreeMap<usize, String>,
     (insns, relocs)
 }
 
+/// Symbol name -> value, from `readelf -sW` (`objdump -t` hides `.L` labels).
+fn symbol_values(spec: &Spec, path: &std::path::Path) -> std::collections::HashMap<String, usize> {
+    let readelf = format!("{}-readelf", spec.raw.arch.gnu_triple);
+    let out = Command::new(&readelf).arg("-sW").arg(path).output().unwrap_or_else(|e| panic!("cannot run {readelf}: {e}"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            // `Num: Value Size Type Bind Vis Ndx Name`
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.len() < 8 || !w[0].ends_with(':') {
+                return None;
+            }
+            Some((w[7].to_string(), usize::from_str_radix(w[1], 16).ok()?))
+        })
+        .collect()
+}
+
+/// The symbol an objdump relocation line names (`R_X\tsym+0x4` -> `sym`).
+fn reloc_symbol(text: &str) -> Option<&str> {
+    let target = text.split_whitespace().nth(1)?;
+    Some(target.split(['+', '-']).next().unwrap_or(target))
+}
+
 /// Lower-cased mnemonic and the multiset of register names in an
 /// instruction's text.
 fn shape(spec: &Spec, text: &str) -> (String, Vec<String>, Vec<u64>) {
-    // x86 objdump comments start with `#`; elsewhere `#` marks an immediate.
+    // x86 and RISC-V objdump comments start with `#`; elsewhere `#` marks an immediate.
     let text = text.split('<').next().unwrap_or("");
-    let text = if spec.name == "x86_64" { text.split('#').next().unwrap_or("") } else { text };
+    let text = if matches!(spec.name.as_str(), "x86_64" | "riscv64") { text.split('#').next().unwrap_or("") } else { text };
     let text = text.replace('#', " ").replace("*1", "").to_lowercase();
     // objdump spells out a redundant REX prefix that capstone folds into
     // the instruction (dynasm emits one for dynamic xmm registers).
@@ -118,6 +146,7 @@ fn check_arch(spec: &Spec) -> Vec<String> {
     let path = dir.join("t.o");
     std::fs::write(&path, &obj).unwrap();
     let (theirs, relocs) = run_objdump(spec, &path);
+    let symbols = symbol_values(spec, &path);
     let cs = listing::disassembler(spec).unwrap();
     let ours: BTreeMap<usize, String> = listing::decode(&cs, &image.code, 0).into_iter().map(|(o, _, t)| (o, t)).collect();
     let mut problems = Vec::new();
@@ -140,8 +169,19 @@ fn check_arch(spec: &Spec) -> Vec<String> {
     for f in &image.fixups {
         let want: Vec<_> = arch::lookup(&spec.name).unwrap().elf_relocs(f);
         for r in want {
-            let found = relocs.iter().any(|(o, text)| *o == r.offset && text.contains(f.word.symbol()));
-            let found = found || relocs.iter().any(|(o, text)| *o == r.offset && text.contains(".data"));
+            let names_word = |at: usize| {
+                relocs.iter().any(|(o, text)| *o == at && (text.contains(f.word.symbol()) || text.contains(".data")))
+            };
+            let found = match r.target {
+                RelocTarget::Data(_) => names_word(r.offset),
+                // A relocation against another instruction (RISC-V
+                // `%pcrel_lo`): its symbol must sit on that instruction,
+                // whose own relocation names the word.
+                RelocTarget::Code(at) => {
+                    relocs.iter().any(|(o, text)| *o == r.offset && reloc_symbol(text).and_then(|s| symbols.get(s)) == Some(&at))
+                        && names_word(at)
+                }
+            };
             if !found {
                 problems.push(format!("{}: no relocation at {:#x} for {} (objdump printed {:?})", spec.name, r.offset, f.word.symbol(), relocs));
             }
