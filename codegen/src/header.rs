@@ -98,6 +98,14 @@ pub fn header(spec: &Spec, prefix: &str) -> String {
     let _ = writeln!(w, "/* Only valid in callbacks of the `regs` tier (ftrace_regs_caller and *_regs_* variants). */");
     let _ = writeln!(w, "static inline struct pt_regs *ftrace_get_regs(struct ftrace_regs *fregs) {{ return (struct pt_regs *)fregs; }}\n");
 
+    let _ = writeln!(w, "/* The patch site: compile with {} ({} for callsite dispatch). */", spec.raw.site.flags, spec.raw.site.callsite_flags);
+    let _ = writeln!(w, "#define FTRACE_SITE_SIZE {}", spec.site_len);
+    let nop = spec.nops[0].iter().map(|b| format!("0x{b:02x}")).collect::<Vec<_>>().join(", ");
+    let _ = writeln!(w, "#define FTRACE_SITE_NOP {{ {nop} }}");
+    let _ = writeln!(w, "/* ip passed to callbacks = address after the site + FTRACE_IP_OFFSET */");
+    let _ = writeln!(w, "#define FTRACE_IP_OFFSET ({})", spec.raw.site.ip_offset);
+    let _ = writeln!(w, "/* callsite dispatch: the ops pointer is at ip + FTRACE_CALLSITE_OPS_OFFSET; its first word is the callback */");
+    let _ = writeln!(w, "#define FTRACE_CALLSITE_OPS_OFFSET ({})\n", spec.raw.site.callsite_ops_offset);
     let _ = writeln!(w, "/* The object's interface (`ftramp gen -o FILE.o`). */");
     let _ = writeln!(w, "extern struct ftrace_ops *{prefix}function_trace_op;");
     let _ = writeln!(w, "void ftrace_ops_list_func(unsigned long ip, unsigned long parent_ip, struct ftrace_ops *op, struct ftrace_regs *fregs);");
@@ -105,6 +113,12 @@ pub fn header(spec: &Spec, prefix: &str) -> String {
     for sym in ["ftrace_caller", "ftrace_regs_caller", "return_to_handler"] {
         let _ = writeln!(w, "void {prefix}{sym}(void);");
     }
+    let _ = writeln!(w, "/* With `-V all` (or the direct/callsite variants): */");
+    for sym in ["ftrace_direct_caller", "ftrace_regs_direct_caller", "ftrace_callsite_caller", "ftrace_regs_callsite_caller"] {
+        let _ = writeln!(w, "void {prefix}{sym}(void);");
+    }
+    let _ = writeln!(w, "extern struct ftrace_ops *{prefix}ftrace_direct_op;");
+    let _ = writeln!(w, "extern ftrace_func_t {prefix}ftrace_direct_func;");
     let _ = writeln!(w, "\n#endif /* FTRAMP_{arch}_H */");
     h
 }

@@ -8,7 +8,12 @@
  *   void arch_sp_probe(unsigned long ip, unsigned long parent, void *op, void *fregs);
  *       A tracer that records its stack pointer at entry in arch_probe_sp.
  *   ARCH_SP_MOD: what arch_probe_sp % 16 must be under the ABI.
+ *   int arch_site_call(unsigned char *buf, unsigned long site, unsigned long target);
+ *       (static inline, used by objtest.c) the enabled form of a patch site,
+ *       encoded independently of the generator; returns its length or -1.
+ * The asm block is guarded by ARCH_HARNESS_ASM so only harness.c emits it.
  */
+#define ARCH_HARNESS_ASM
 unsigned long arch_probe_sp;
 unsigned long arch_probe_calls;
 

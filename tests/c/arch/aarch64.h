@@ -1,6 +1,7 @@
 /* aarch64 parts of the execution-test harness (see harness.c). */
 #define ARCH_SP_MOD 0 /* sp is always 16-byte aligned */
 
+#ifdef ARCH_HARNESS_ASM /* defined by harness.c only */
 __asm__(
 	".text\n"
 	".globl arch_sp_probe\n"
@@ -56,6 +57,7 @@ __asm__(
 	"	ret\n"
 	".ltorg\n"
 	".size arch_call_checked, .-arch_call_checked\n");
+#endif
 
 static inline int arch_site_call(unsigned char *buf, unsigned long site, unsigned long target)
 {

@@ -1,6 +1,7 @@
 /* x86_64 parts of the execution-test harness (see harness.c). */
 #define ARCH_SP_MOD 8 /* after `call`, rsp + 8 is 16-byte aligned */
 
+#ifdef ARCH_HARNESS_ASM /* defined by harness.c only */
 __asm__(
 	".text\n"
 	".globl arch_sp_probe\n"
@@ -36,6 +37,7 @@ __asm__(
 	"	pop %r15\n	pop %r14\n	pop %r13\n	pop %r12\n	pop %rbp\n	pop %rbx\n"
 	"	ret\n"
 	".size arch_call_checked, .-arch_call_checked\n");
+#endif
 
 /* The enabled form of a site (used by the object test; the JIT test uses
  * the generator's own site encoder). */
