@@ -21,6 +21,7 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
     ("x86_64", "arch-specs/x86_64.toml", include_str!("../../arch-specs/x86_64.toml")),
     ("aarch64", "arch-specs/aarch64.toml", include_str!("../../arch-specs/aarch64.toml")),
     ("riscv64", "arch-specs/riscv64.toml", include_str!("../../arch-specs/riscv64.toml")),
+    ("s390x", "arch-specs/s390x.toml", include_str!("../../arch-specs/s390x.toml")),
 ];
 
 /// A spec file that could not be used.

@@ -20,6 +20,7 @@ use crate::spec::{Reg, Spec};
 
 pub mod aarch64;
 pub mod riscv64;
+pub mod s390x;
 pub mod x86_64;
 
 /// How an instruction refers to a data word; resolved by the arch's
@@ -43,6 +44,10 @@ pub enum FixupKind {
     /// riscv64: the I-type low 12 bits (`R_RISCV_PCREL_LO12_I`) of the
     /// distance from the `auipc` `hi_back` bytes earlier to the word.
     RvPcrelLo12I { hi_back: u8 },
+    /// s390x: the big-endian 32-bit halfword offset of an `lgrl` (RIL-b),
+    /// `at` = the field (instruction + 2): `(S + 2 - P) >> 1`
+    /// (`R_390_PC32DBL`, addend +2).
+    S390Pc32Dbl,
 }
 
 /// A reference from code to a data word, recorded while emitting.
@@ -121,7 +126,7 @@ pub trait Arch: Sync {
 /// Every arch this build knows, compiled in or not.
 pub const KNOWN: &[&str] = &["x86_64", "aarch64", "riscv64", "ppc64le", "s390x"];
 
-static ARCHES: &[&dyn Arch] = &[&x86_64::X86_64, &aarch64::Aarch64, &riscv64::Riscv64];
+static ARCHES: &[&dyn Arch] = &[&x86_64::X86_64, &aarch64::Aarch64, &riscv64::Riscv64, &s390x::S390x];
 
 /// The backends in this build.
 pub fn all() -> impl Iterator<Item = &'static dyn Arch> {
