@@ -40,7 +40,19 @@ impl ArchArgs {
 #[derive(Subcommand)]
 enum Cmd {
     /// List the architectures and trampoline variants this build generates.
-    Archs,
+    Archs {
+        /// Print only the Rust target triples of the available archs (for scripts).
+        #[arg(long)]
+        rust_targets: bool,
+    },
+    /// Print the compiler flags that give a C/C++ file patch sites for ARCH.
+    Cflags {
+        #[command(flatten)]
+        arch: ArchArgs,
+        /// Flags for `callsite` dispatch (room for an ops word before each function).
+        #[arg(long)]
+        callsite: bool,
+    },
     /// Show generated trampolines: the generator's steps and the bytes
     /// disassembled by capstone, with data-word relocations inline.
     Asm {
@@ -106,7 +118,17 @@ const DEFAULT_OBJECT: [Variant; 3] = [Variant::ALL[0], Variant::ALL[1], Variant:
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Archs => {
+        Cmd::Archs { rust_targets: true } => {
+            for b in arch::all() {
+                println!("{}", Spec::builtin(b.name())?.raw.arch.rust_target);
+            }
+        }
+        Cmd::Cflags { arch: a, callsite } => {
+            let spec = a.load()?;
+            let site = if callsite { &spec.raw.site.callsite_flags } else { &spec.raw.site.flags };
+            println!("{site} -fno-ipa-ra");
+        }
+        Cmd::Archs { rust_targets: false } => {
             for a in arch::KNOWN {
                 match arch::lookup(a) {
                     Ok(_) => {

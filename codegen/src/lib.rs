@@ -13,6 +13,9 @@
 //!
 //! This crate contains no `unsafe`: it only produces bytes.
 #![forbid(unsafe_code)]
+// dynasm! expands dynamic register operands with `.into()` even when the
+// type already matches.
+#![allow(clippy::useless_conversion, clippy::unnecessary_cast)]
 
 pub mod arch;
 pub mod frame;

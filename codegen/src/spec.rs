@@ -22,6 +22,7 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
     ("aarch64", "arch-specs/aarch64.toml", include_str!("../../arch-specs/aarch64.toml")),
     ("riscv64", "arch-specs/riscv64.toml", include_str!("../../arch-specs/riscv64.toml")),
     ("s390x", "arch-specs/s390x.toml", include_str!("../../arch-specs/s390x.toml")),
+    ("ppc64le", "arch-specs/ppc64le.toml", include_str!("../../arch-specs/ppc64le.toml")),
 ];
 
 /// A spec file that could not be used.
@@ -371,7 +372,9 @@ impl Checker<'_> {
         Ok(out)
     }
 
-    fn location(&self, field: &str, s: &str) -> Result<Location, SpecError> {
+    /// `allow_special`: a special register is accepted too (ppc64 `lr`);
+    /// the generator moves it into a scratch register first.
+    fn location(&self, field: &str, s: &str, allow_special: bool) -> Result<Location, SpecError> {
         let s = s.trim();
         if s == "stack" {
             return Ok(Location::Stack(0));
@@ -382,6 +385,13 @@ impl Checker<'_> {
                 .parse::<u32>()
                 .map(Location::Stack)
                 .map_err(|_| self.err(field, format!("bad stack offset in `{s}`")));
+        }
+        if allow_special {
+            let r = self.reg(field, s)?;
+            if r.class == RegClass::Vector {
+                return Err(self.err(field, format!("`{s}` is a vector register")));
+            }
+            return Ok(Location::Reg(r));
         }
         Ok(Location::Reg(self.gpr(field, s)?))
     }
@@ -455,7 +465,7 @@ impl Checker<'_> {
         if !a.stack_alignment.is_power_of_two() || a.stack_alignment < 8 {
             return Err(self.err("abi.stack_alignment", format!("{} is not a power of two >= 8", a.stack_alignment)));
         }
-        if a.call_reserve % 8 != 0 {
+        if !a.call_reserve.is_multiple_of(8) {
             return Err(self.err("abi.call_reserve", format!("{} is not a multiple of 8", a.call_reserve)));
         }
         for c in &callee_saved {
@@ -474,8 +484,8 @@ impl Checker<'_> {
         if nops.iter().any(|n| n.len() != site_len) {
             return Err(self.err("site.nops", "all NOP forms must have the same length"));
         }
-        let site_return = self.location("site.site_return", &s.site_return)?;
-        let parent = self.location("site.parent", &s.parent)?;
+        let site_return = self.location("site.site_return", &s.site_return, true)?;
+        let parent = self.location("site.parent", &s.parent, false)?;
         let clobbers = self.list("site.clobbers", &s.clobbers, Some(RegClass::Gpr))?;
         let resume_via = s.resume_via.as_deref().map(|n| self.gpr("site.resume_via", n)).transpose()?;
         let resume_return_address = match &s.resume_return_address {

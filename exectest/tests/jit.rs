@@ -198,6 +198,8 @@ fn the_tracer_sees_ip_parent_ops_and_every_argument() {
         }
         assert_eq!(s.fp, [1.5, 2.25], "{v}: FP arguments");
         assert_ne!(s.parent, 0);
+        // The traced function's sp at entry is where the ABI puts it.
+        assert_eq!((s.sp as u64 + unsafe { arch_sp_mod() }) % 16, 0, "{v}: sp {:#x}", s.sp);
         if spec.name == "x86_64" {
             // The traced function's sp points at its return address.
             assert_eq!(s.stack_top, s.parent, "{v}: sp");

@@ -38,7 +38,7 @@ pub fn apply(code: &mut [u8], f: &Fixup, code_addr: u64, word_addr: u64) -> Resu
             (insn & !ADRP_MASK) | ((pages & 3) << 29) | (((pages >> 2) & 0x7ffff) << 5)
         }
         FixupKind::A64Ldst64Lo12 => {
-            if word_addr % 8 != 0 {
+            if !word_addr.is_multiple_of(8) {
                 return Err(CodegenError::OutOfRange { arch: ARCH, what: "data word alignment", value: word_addr as i64, range: "multiple of 8" });
             }
             (insn & !LO12_MASK) | ((((word_addr & 0xfff) >> 3) as u32) << 10)

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the tests need when it is
+# missing, then runs every test — native, and cross-built under qemu-user
+# for each architecture with a backend.
+#
+#   scripts/test.sh            # everything
+#   scripts/test.sh --native   # only the host's tests (no cross builds)
+#
+# With CI=true a tool that cannot be installed is a failure, not a skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+native_only=0
+[[ "${1:-}" == "--native" ]] && native_only=1
+
+log() { printf '\n== %s\n' "$*" >&2; }
+
+# Debian packages: qemu-user and a cross gcc (which brings its binutils)
+# per foreign arch; the host's binutils provide x86_64 objdump.
+need_pkgs=()
+command -v qemu-aarch64 >/dev/null || need_pkgs+=(qemu-user)
+for triple in aarch64-linux-gnu riscv64-linux-gnu powerpc64le-linux-gnu s390x-linux-gnu; do
+    command -v "$triple-gcc" >/dev/null || need_pkgs+=("gcc-$triple")
+done
+command -v objdump >/dev/null || need_pkgs+=(binutils)
+command -v cc >/dev/null || need_pkgs+=(gcc)
+if ((${#need_pkgs[@]})); then
+    log "installing ${need_pkgs[*]}"
+    if [[ $(id -u) -eq 0 ]]; then sudo=""; else sudo="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq "${need_pkgs[@]}" >/dev/null \
+        || { echo "error: could not install ${need_pkgs[*]}" >&2; exit 1; }
+fi
+
+targets=(aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu powerpc64le-unknown-linux-gnu s390x-unknown-linux-gnu)
+if ((native_only == 0)); then
+    installed=$(rustup target list --installed 2>/dev/null || true)
+    missing=()
+    for t in "${targets[@]}"; do grep -qx "$t" <<<"$installed" || missing+=("$t"); done
+    if ((${#missing[@]})); then
+        log "rustup target add ${missing[*]}"
+        rustup target add "${missing[@]}"
+    fi
+fi
+
+log "native tests (codegen, snapshots, oracle, JIT on $(uname -m), objects on every arch)"
+cargo test --workspace --locked
+
+if ((native_only == 0)); then
+    # The JIT path on each foreign arch this build has a backend for.
+    for t in $(cargo run -q --locked -p ftramp -- archs --rust-targets); do
+        [[ "$t" == "$(rustc -vV | sed -n 's/^host: //p')" ]] && continue
+        log "JIT tests for $t under qemu-user"
+        cargo test --locked -p ftramp-exectest --target "$t"
+    done
+fi
+log "all tests passed"
