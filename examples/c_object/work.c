@@ -1,0 +1,4 @@
+__attribute__((noinline)) long work(long a, long b)
+{
+	return a * 10 + b;
+}
