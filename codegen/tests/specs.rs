@@ -132,3 +132,17 @@ fn an_unknown_arch_is_named() {
     let e = Spec::builtin("mips").unwrap_err().to_string();
     assert!(e.contains("mips") && e.contains("x86_64"), "{e}");
 }
+
+#[test]
+fn a_hardwired_zero_register_is_never_saved() {
+    let (_, file, text) = BUILTIN.iter().find(|b| b.0 == "riscv64").expect("riscv64 spec");
+    // As a slot: refused.
+    let e = Spec::parse(file, &text.replacen("slots = [\"gp\",", "slots = [\"zero\", \"gp\",", 1)).unwrap_err().to_string();
+    assert!(e.contains("pt_regs.slots") && e.contains("hardwired"), "{e}");
+    // Not declared: then it is a register that neither layout saves.
+    let e = Spec::parse(file, &text.replacen("zero = \"zero\"", "", 1)).unwrap_err().to_string();
+    assert!(e.contains("`zero`") && e.contains("neither"), "{e}");
+    // Declared as something that is not a general-purpose register.
+    let e = Spec::parse(file, &text.replacen("zero = \"zero\"", "zero = \"ft0\"", 1)).unwrap_err().to_string();
+    assert!(e.contains("registers.zero"), "{e}");
+}
