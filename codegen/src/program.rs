@@ -247,6 +247,13 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
     };
     s.push(Step::Store { reg: parent_reg, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
     let site_ret = match spec.site_return {
+        // A special register (ppc64 `lr`) is first copied into the scratch
+        // register: reading it needs a move, and later steps (a PC-relative
+        // data load) may clobber it.
+        Location::Reg(r) if r.class == RegClass::Special => {
+            s.push(Step::AddImm { dst: t, src: r, imm: 0, note: Note::Text("address after the site") });
+            t
+        }
         Location::Reg(r) => r,
         Location::Stack(n) => {
             s.push(Step::Load { reg: t, base: sp, off: entry + n as i32, note: Note::Text("address after the site") });
@@ -307,10 +314,27 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
         }
         Location::Reg(_) => {
             restore(&mut s);
-            for r in &spec.resume_return_address {
-                s.push(Step::Load { reg: *r, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
-            }
             let via = spec.resume_via.expect("checked by spec");
+            // A special register (ppc64 `lr`) is set by a move from the
+            // general-purpose register loaded before it, or through `via`.
+            let mut loaded: Option<Reg> = None;
+            for r in &spec.resume_return_address {
+                if r.class == RegClass::Special {
+                    let from = match loaded {
+                        Some(g) => g,
+                        None => {
+                            s.push(Step::Load { reg: via, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
+                            via
+                        }
+                    };
+                    s.push(Step::AddImm { dst: *r, src: from, imm: 0, note: Note::Text("return address") });
+                    continue;
+                }
+                s.push(Step::Load { reg: *r, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
+                if r.class == RegClass::Gpr {
+                    loaded = Some(*r);
+                }
+            }
             s.push(Step::Load { reg: via, base: sp, off: at(SlotKind::Ip), note: note(SlotKind::Ip) });
             s.push(Step::AdjustSp { delta: frame });
             s.push(Step::JumpReg { target: via });
@@ -325,7 +349,9 @@ fn return_steps(spec: &Spec, layout: &FrameLayout) -> Vec<Step> {
     let base = layout.fregs_base() as i32;
     let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
-    let saved: Vec<Reg> = spec.int_ret.iter().chain(&spec.fp_ret).copied().chain([spec.fp]).collect();
+    // The TOC register (ppc64) is saved too: a callee in another module
+    // leaves its own TOC in it.
+    let saved: Vec<Reg> = spec.int_ret.iter().chain(&spec.fp_ret).copied().chain([spec.fp]).chain(spec.toc).collect();
     let arg0 = spec.int_args[0];
     let mut s = vec![Step::AdjustSp { delta: -frame }];
     for r in &saved {

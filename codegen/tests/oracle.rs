@@ -80,6 +80,7 @@ fn reloc_symbol(text: &str) -> Option<&str> {
 /// Lower-cased mnemonic and the multiset of register names in an
 /// instruction's text.
 fn shape(spec: &Spec, text: &str) -> (String, Vec<String>, Vec<u64>) {
+    let text = &expand_ppc64(spec, text);
     // x86 and RISC-V objdump comments start with `#`; elsewhere `#` marks an immediate.
     let text = text.split('<').next().unwrap_or("");
     let text = if matches!(spec.name.as_str(), "x86_64" | "riscv64") { text.split('#').next().unwrap_or("") } else { text };
@@ -111,7 +112,15 @@ fn shape(spec: &Spec, text: &str) -> (String, Vec<String>, Vec<u64>) {
     (alias_mnemonic(spec, &mnemonic), regs, nums)
 }
 
-const PC_RELATIVE: &[&str] = &["adrp", "adr", "auipc", "larl", "lgrl", "lrl", "brasl", "bl", "b", "jal", "brcl", "addpcis"];
+/// ppc64le: objdump prints `mtcrf 0xff, rX` by its extended mnemonic `mtcr rX`.
+fn expand_ppc64(spec: &Spec, text: &str) -> String {
+    match text.trim().strip_prefix("mtcr ") {
+        Some(rs) if spec.name == "ppc64le" => format!("mtcrf 255,{}", rs.trim()),
+        _ => text.to_string(),
+    }
+}
+
+const PC_RELATIVE: &[&str] = &["bcl", "bdnzl", "adrp", "adr", "auipc", "larl", "lgrl", "lrl", "brasl", "bl", "b", "jal", "brcl", "addpcis"];
 
 fn alias(spec: &Spec, w: &str) -> String {
     match spec.name.as_str() {
@@ -122,6 +131,13 @@ fn alias(spec: &Spec, w: &str) -> String {
             "xzr" => "xzr".into(),
             _ => w.to_string(),
         },
+        // objdump names VSX registers vsN; capstone (and the spec) name
+        // vs0-vs31 by their FPR view fN and vs32-vs63 by their VR view vN.
+        "ppc64le" => match w.strip_prefix("vs").and_then(|n| n.parse::<u8>().ok()) {
+            Some(n) if n < 32 => format!("f{n}"),
+            Some(n) => format!("v{}", n - 32),
+            None => w.to_string(),
+        },
         _ => w.to_string(),
     }
 }
@@ -130,6 +146,11 @@ fn alias_mnemonic(spec: &Spec, m: &str) -> String {
     match (spec.name.as_str(), m) {
         ("x86_64", "pushf") => "pushfq".into(),
         ("x86_64", "popf") => "popfq".into(),
+        // capstone 5 prints `bcl 20,31,$+4` (BO=20: branch always) as
+        // `bdnzl`: its alias printer tests `(BO & 0x12) == 16` and ignores
+        // the BO bit 0x04 that turns the CTR decrement off.  The encoder
+        // test pins these bytes against GNU as.
+        ("ppc64le", "bdnzl") => "bcl".into(),
         _ => m.to_string(),
     }
 }

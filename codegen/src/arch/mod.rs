@@ -19,6 +19,7 @@ use crate::program::{CodegenError, DataWord};
 use crate::spec::{Reg, Spec};
 
 pub mod aarch64;
+pub mod ppc64le;
 pub mod riscv64;
 pub mod s390x;
 pub mod x86_64;
@@ -48,6 +49,12 @@ pub enum FixupKind {
     /// `at` = the field (instruction + 2): `(S + 2 - P) >> 1`
     /// (`R_390_PC32DBL`, addend +2).
     S390Pc32Dbl,
+    /// ppc64le: `addis` immediate `(word - label)@ha` (`R_PPC64_REL16_HA`),
+    /// the label (the address `bcl 20,31,$+4` put in LR) `from_label` bytes
+    /// before the instruction.
+    Ppc64Rel16Ha { from_label: u8 },
+    /// ppc64le: `addi` immediate `(word - label)@l` (`R_PPC64_REL16_LO`).
+    Ppc64Rel16Lo { from_label: u8 },
 }
 
 /// A reference from code to a data word, recorded while emitting.
@@ -126,7 +133,7 @@ pub trait Arch: Sync {
 /// Every arch this build knows, compiled in or not.
 pub const KNOWN: &[&str] = &["x86_64", "aarch64", "riscv64", "ppc64le", "s390x"];
 
-static ARCHES: &[&dyn Arch] = &[&x86_64::X86_64, &aarch64::Aarch64, &riscv64::Riscv64, &s390x::S390x];
+static ARCHES: &[&dyn Arch] = &[&x86_64::X86_64, &aarch64::Aarch64, &riscv64::Riscv64, &s390x::S390x, &ppc64le::Ppc64le];
 
 /// The backends in this build.
 pub fn all() -> impl Iterator<Item = &'static dyn Arch> {
