@@ -436,10 +436,10 @@ mod tests {
     }
 
     #[test]
-    fn the_specs_nop_forms_are_brcl_0_and_three_nopr() {
+    fn the_specs_nop_forms_are_three_nopr_and_brcl_0() {
         let spec = crate::spec::Spec::builtin("s390x").unwrap();
-        assert_eq!(spec.nops[0], brcl(0, Rel32::ZERO).unwrap());
-        assert_eq!(spec.nops[1], [nopr(), nopr(), nopr()].concat());
+        assert_eq!(spec.nops[0], [nopr(), nopr(), nopr()].concat());
+        assert_eq!(spec.nops[1], brcl(0, Rel32::ZERO).unwrap());
     }
 
     #[test]
