@@ -66,7 +66,7 @@ impl Image {
             let mut placed = Vec::new();
             for step in program::steps(spec, &layout, variant) {
                 placed.push((start + e.pos(), step.clone()));
-                lower(e.as_mut(), &step)?;
+                lower(e.as_mut(), spec, &step)?;
             }
             let (bytes, fx) = e.finish()?;
             fixups.extend(fx.into_iter().map(|f| Fixup { at: f.at + start, ..f }));
@@ -108,7 +108,7 @@ impl Image {
 }
 
 /// Dispatches one step to the backend primitive.
-fn lower(e: &mut dyn arch::Emitter, step: &Step) -> Result<(), CodegenError> {
+fn lower(e: &mut dyn arch::Emitter, spec: &Spec, step: &Step) -> Result<(), CodegenError> {
     match step {
         Step::AdjustSp { delta } => e.adjust_sp(*delta),
         Step::Store { reg, base, off, .. } => e.store(*reg, *base, *off),
@@ -121,5 +121,7 @@ fn lower(e: &mut dyn arch::Emitter, step: &Step) -> Result<(), CodegenError> {
         Step::Return => e.ret(),
         Step::SaveFlags { off, scratch } => e.save_flags(*off, *scratch),
         Step::RestoreFlags { off, scratch } => e.restore_flags(*off, *scratch),
+        Step::StorePair { a, b, base, off, .. } => e.store_pair(*a, *b, *base, *off, spec.reg_bytes(a.class) as i32),
+        Step::LoadPair { a, b, base, off, .. } => e.load_pair(*a, *b, *base, *off, spec.reg_bytes(a.class) as i32),
     }
 }

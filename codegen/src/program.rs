@@ -177,6 +177,11 @@ pub enum Step {
     SaveFlags { off: i32, scratch: Reg },
     /// Restore the flags register from `[sp + off]`.
     RestoreFlags { off: i32, scratch: Reg },
+    /// `[base + off] = a ; [base + off + size] = b` in one instruction
+    /// (made by [`pair_up`] for arches whose spec sets `trampoline.pairs`).
+    StorePair { a: Reg, b: Reg, base: Reg, off: i32, notes: (Note, Note) },
+    /// `a = [base + off] ; b = [base + off + size]`.
+    LoadPair { a: Reg, b: Reg, base: Reg, off: i32, notes: (Note, Note) },
 }
 
 /// Why code could not be generated.
@@ -198,10 +203,59 @@ pub enum CodegenError {
 
 /// Builds the steps of one trampoline.
 pub fn steps(spec: &Spec, layout: &FrameLayout, variant: Variant) -> Vec<Step> {
-    match variant {
+    let steps = match variant {
         Variant::Entry { tier, dispatch } => entry_steps(spec, layout, tier, dispatch),
         Variant::Return => return_steps(spec, layout),
+    };
+    if spec.raw.trampoline.pairs {
+        pair_up(spec, steps)
+    } else {
+        steps
     }
+}
+
+/// Merges neighbouring stores (or loads) of two registers of one class to
+/// adjacent slots into one pair step.  Stores to different addresses may be
+/// swapped freely; a load pair is only formed when neither destination is
+/// the base register and the two destinations differ.
+pub fn pair_up(spec: &Spec, steps: Vec<Step>) -> Vec<Step> {
+    let size = |r: &Reg| spec.reg_bytes(r.class) as i32;
+    let mut out: Vec<Step> = Vec::with_capacity(steps.len());
+    let mut it = steps.into_iter().peekable();
+    while let Some(s) = it.next() {
+        let paired = match (&s, it.peek()) {
+            (
+                Step::Store { reg: r1, base: b1, off: o1, note: n1 },
+                Some(Step::Store { reg: r2, base: b2, off: o2, note: n2 }),
+            ) if b1 == b2 && r1.class == r2.class && r1.class != RegClass::Special && (o1 - o2).abs() == size(r1) => {
+                let (a, b, off, notes) = if o1 < o2 { (*r1, *r2, *o1, (n1.clone(), n2.clone())) } else { (*r2, *r1, *o2, (n2.clone(), n1.clone())) };
+                Some(Step::StorePair { a, b, base: *b1, off, notes })
+            }
+            (
+                Step::Load { reg: r1, base: b1, off: o1, note: n1 },
+                Some(Step::Load { reg: r2, base: b2, off: o2, note: n2 }),
+            ) if b1 == b2
+                && r1 != r2
+                && r1 != b1
+                && r2 != b1
+                && r1.class == r2.class
+                && r1.class != RegClass::Special
+                && (o1 - o2).abs() == size(r1) =>
+            {
+                let (a, b, off, notes) = if o1 < o2 { (*r1, *r2, *o1, (n1.clone(), n2.clone())) } else { (*r2, *r1, *o2, (n2.clone(), n1.clone())) };
+                Some(Step::LoadPair { a, b, base: *b1, off, notes })
+            }
+            _ => None,
+        };
+        match paired {
+            Some(p) => {
+                it.next();
+                out.push(p);
+            }
+            None => out.push(s),
+        }
+    }
+    out
 }
 
 fn slot_note(spec: &Spec, layout: &FrameLayout, kind: SlotKind) -> Note {
@@ -400,6 +454,12 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
         Step::CallReg { target } => format!("call_reg  {}", r(target)),
         Step::JumpReg { target } => format!("jump_reg  {}", r(target)),
         Step::Return => "return".to_string(),
+        Step::StorePair { a, b, base, off, notes } => {
+            format!("store2    {}, {} -> {}{}{}", r(a), r(b), mem(base, off), n(&notes.0), n(&notes.1).replace("  ;", ","))
+        }
+        Step::LoadPair { a, b, base, off, notes } => {
+            format!("load2     {}, {} <- {}{}{}", r(a), r(b), mem(base, off), n(&notes.0), n(&notes.1).replace("  ;", ","))
+        }
         Step::SaveFlags { off, .. } => format!("save_flags -> {}", mem(&spec.sp, off)),
         Step::RestoreFlags { off, .. } => format!("restore_flags <- {}", mem(&spec.sp, off)),
     }
@@ -408,4 +468,40 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
 #[allow(dead_code)]
 fn is_vector(r: Reg) -> bool {
     r.class == RegClass::Vector
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(reg: Reg, off: i32) -> Step {
+        Step::Store { reg, base: Reg::special(31), off, note: Note::None }
+    }
+    fn ld(reg: Reg, base: Reg, off: i32) -> Step {
+        Step::Load { reg, base, off, note: Note::None }
+    }
+
+    #[test]
+    fn neighbouring_stores_pair_in_address_order() {
+        let spec = Spec::builtin("aarch64").unwrap();
+        let (x0, x1, x2) = (Reg::gpr(0), Reg::gpr(1), Reg::gpr(2));
+        let out = pair_up(&spec, vec![st(x1, 8), st(x0, 0), st(x2, 24)]);
+        assert_eq!(out.len(), 2);
+        assert!(matches!(out[0], Step::StorePair { a, b, off: 0, .. } if a == x0 && b == x1));
+        assert_eq!(out[1], st(x2, 24), "a store 16 bytes away stays alone");
+    }
+
+    #[test]
+    fn loads_pair_only_when_safe() {
+        let spec = Spec::builtin("aarch64").unwrap();
+        let sp = Reg::special(31);
+        let (x0, x1) = (Reg::gpr(0), Reg::gpr(1));
+        // Loading into the base register must stay two loads.
+        assert_eq!(pair_up(&spec, vec![ld(x0, x0, 0), ld(x1, x0, 8)]).len(), 2);
+        // The same destination twice must stay two loads.
+        assert_eq!(pair_up(&spec, vec![ld(x0, sp, 0), ld(x0, sp, 8)]).len(), 2);
+        // Different classes never pair.
+        assert_eq!(pair_up(&spec, vec![ld(x0, sp, 0), ld(Reg::vector(0), sp, 8)]).len(), 2);
+        assert!(matches!(pair_up(&spec, vec![ld(x0, sp, 0), ld(x1, sp, 8)])[..], [Step::LoadPair { .. }]));
+    }
 }

@@ -175,6 +175,10 @@ pub struct RawSite {
 pub struct RawTrampoline {
     pub scratch: Vec<String>,
     pub return_via: String,
+    /// Merge neighbouring saves/restores into pair instructions
+    /// (`Emitter::store_pair` / `load_pair`).
+    #[serde(default)]
+    pub pairs: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -106,6 +106,17 @@ pub trait Emitter {
     fn ret(&mut self) -> Result<(), CodegenError>;
     fn save_flags(&mut self, off: i32, scratch: Reg) -> Result<(), CodegenError>;
     fn restore_flags(&mut self, off: i32, scratch: Reg) -> Result<(), CodegenError>;
+    /// `[base + off] = a ; [base + off + size] = b`; arches with a pair
+    /// instruction override this (and set `trampoline.pairs` in their spec).
+    fn store_pair(&mut self, a: Reg, b: Reg, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        self.store(a, base, off)?;
+        self.store(b, base, off + size)
+    }
+    /// `a = [base + off] ; b = [base + off + size]`.
+    fn load_pair(&mut self, a: Reg, b: Reg, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        self.load(a, base, off)?;
+        self.load(b, base, off + size)
+    }
     /// Bytes emitted so far.
     fn pos(&self) -> usize;
     /// The code and its data-word references.

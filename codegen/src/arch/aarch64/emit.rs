@@ -81,6 +81,27 @@ impl A64Emitter {
     }
 }
 
+impl A64Emitter {
+    /// `stp`/`ldp` of two X or Q registers at `[base + off]` (signed 7-bit
+    /// immediate scaled by the register size).
+    fn pair(&mut self, store: bool, a: Reg, b: Reg, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        if off % size != 0 || !(-64..64).contains(&(off / size)) {
+            return Err(range("stp/ldp offset", off as i64, "multiple of the size, -64..63 times the size"));
+        }
+        let (ra, rb, bs) = (a.enc, b.enc, base.enc);
+        match (a.class, store) {
+            (RegClass::Gpr, true) => dynasm!(self.ops ; .arch aarch64 ; stp X(ra), X(rb), [XSP(bs), off]),
+            (RegClass::Gpr, false) => dynasm!(self.ops ; .arch aarch64 ; ldp X(ra), X(rb), [XSP(bs), off]),
+            (RegClass::Vector, true) => dynasm!(self.ops ; .arch aarch64 ; stp Q(ra), Q(rb), [XSP(bs), off]),
+            (RegClass::Vector, false) => dynasm!(self.ops ; .arch aarch64 ; ldp Q(ra), Q(rb), [XSP(bs), off]),
+            (RegClass::Special, _) => {
+                return Err(CodegenError::Unsupported { arch: ARCH, what: "pair of special registers".into() })
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Emitter for A64Emitter {
     fn adjust_sp(&mut self, delta: i32) -> Result<(), CodegenError> {
         self.add_imm(Reg::special(SP), Reg::special(SP), delta)
@@ -145,6 +166,14 @@ impl Emitter for A64Emitter {
         self.mem(false, scratch, Reg::special(SP), off)?;
         dynasm!(self.ops ; .arch aarch64 ; msr NZCV, X(scratch.enc));
         Ok(())
+    }
+
+    fn store_pair(&mut self, a: Reg, b: Reg, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        self.pair(true, a, b, base, off, size)
+    }
+
+    fn load_pair(&mut self, a: Reg, b: Reg, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        self.pair(false, a, b, base, off, size)
     }
 
     fn pos(&self) -> usize {
