@@ -102,7 +102,11 @@ fn table() -> Vec<Row> {
         row!(|s, e| e.jump_reg(r(s, "r1")), "07 f1", ["br %r1"]),
         row!(|s, e| e.jump_reg(r(s, "r14")), "07 fe", ["br %r14"]),
         // the condition code
-        row!(|s, e| e.save_flags(496, r(s, "r1")), "b2 22 00 10 e3 10 f1 f0 00 24", ["ipm %r1", "stg %r1,496(%r15)"]),
+        row!(
+            |s, e| e.save_flags(496, r(s, "r1")),
+            "a7 19 00 00 b2 22 00 10 e3 10 f1 f0 00 24",
+            ["lghi %r1,0", "ipm %r1", "stg %r1,496(%r15)"]
+        ),
         row!(|s, e| e.restore_flags(496, r(s, "r1")), "e3 10 f1 f0 00 04 04 10", ["lg %r1,496(%r15)", "spm %r1"]),
     ];
     // The patch site: enabled form and the spec's NOP forms.

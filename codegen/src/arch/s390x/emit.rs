@@ -10,7 +10,7 @@
 //! | `load_data`          | `lgrl` (PC-relative, `R_390_PC32DBL`, ±4 GiB)         |
 //! | `call_data`          | `lgrl %rS,word` ; `basr %r14,%rS`                     |
 //! | `call_reg` / `jump_reg` | `basr %r14,%rX` / `br %rX`                         |
-//! | `save_flags` / `restore_flags` | `ipm` + `stg` / `lg` + `spm`                |
+//! | `save_flags` / `restore_flags` | `lghi 0` + `ipm` + `stg` / `lg` + `spm`      |
 //!
 //! r0 can be neither a base register (it means "no register") nor a branch
 //! target (`br %r0` does not branch): both are rejected with a typed error
@@ -47,6 +47,7 @@ fn unsupported(what: impl Into<String>) -> CodegenError {
 ///   RX-a   | op:8 | r1:4 x2:4 | b2:4 d2:12 |
 ///   RXY-a  | op:8 | r1:4 x2:4 | b2:4 dl2:12 | dh2:8 | op:8 |
 ///   RIL-b  | op:8 | r1:4 op:4 | i2:32 (halfwords from the instruction) |
+///   RI-a   | op:8 | r1:4 op:4 | i2:16 |
 ///   RIE-d  | op:8 | r1:4 r3:4 | i2:16 | 0:8 | op:8 |
 ///   VRX    | op:8 | v1:4 x2:4 | b2:4 d2:12 | m3:4 rxb:4 | op:8 |
 /// ```
@@ -261,6 +262,11 @@ pub(super) mod insn {
     pub fn nopr() -> [u8; 2] {
         rr(0x07, 0, 0)
     }
+    /// `lghi %r1,i`: r1 = sign-extended i (the condition code is kept).
+    pub fn lghi(r1: Gpr, i: Imm16) -> [u8; 4] {
+        let i = i.0.to_be_bytes();
+        [0xa7, r1.0 << 4 | 0x9, i[0], i[1]]
+    }
     /// `ipm %r1`: condition code and program mask into bits 32-39 of r1.
     pub fn ipm(r1: Gpr) -> [u8; 4] {
         rre(0xb222, r1.0, 0)
@@ -383,8 +389,13 @@ impl Emitter for S390Emitter {
         Err(unsupported("return through the stack (s390x sites keep the return address in a register)"))
     }
 
+    /// The saved word is `cc << 28 | program_mask << 24` (bits 34-39 of
+    /// the register, which `ipm` sets and `spm` reads); clearing the
+    /// register first keeps the rest zero.
     fn save_flags(&mut self, off: i32, scratch: Reg) -> Result<(), CodegenError> {
-        self.put(&insn::ipm(gpr(scratch, "save_flags scratch")?));
+        let t = gpr(scratch, "save_flags scratch")?;
+        self.put(&insn::lghi(t, Imm16::new(0)?));
+        self.put(&insn::ipm(t));
         self.mem(true, scratch, Reg::gpr(SP), off)
     }
 
@@ -431,6 +442,8 @@ mod tests {
         assert_eq!(lgrl(g(4), Rel32::ZERO), [0xc4, 0x48, 0, 0, 0, 0]);
         assert_eq!(brcl(0, Rel32::ZERO).unwrap(), [0xc0, 0x04, 0, 0, 0, 0]);
         assert_eq!(ipm(g(1)), [0xb2, 0x22, 0x00, 0x10]);
+        assert_eq!(lghi(g(1), Imm16::new(0).unwrap()), [0xa7, 0x19, 0x00, 0x00]);
+        assert_eq!(lghi(g(15), Imm16::new(-2).unwrap()), [0xa7, 0xf9, 0xff, 0xfe]);
         assert_eq!(spm(g(1)), [0x04, 0x10]);
         assert_eq!(nopr(), [0x07, 0x00]);
     }
