@@ -45,6 +45,10 @@ enum Cmd {
         #[arg(long)]
         rust_targets: bool,
     },
+    /// Instructions a traced call executes, per arch and variant: from the
+    /// patch site back into the function with an empty callback (the
+    /// trampolines are straight-line code, so this is exact).
+    Cost,
     /// Print the compiler flags that give a C/C++ file patch sites for ARCH.
     Cflags {
         #[command(flatten)]
@@ -122,6 +126,27 @@ fn main() -> Result<()> {
             for b in arch::all() {
                 println!("{}", Spec::builtin(b.name())?.raw.arch.rust_target);
             }
+        }
+        Cmd::Cost => {
+            println!("{:<8} {:>6} {}", "arch", "site", Variant::ALL.iter().map(|v| format!("{:>14}", v.name())).collect::<String>());
+            for b in arch::all() {
+                let spec = Spec::builtin(b.name())?;
+                let cs = listing::disassembler(&spec)?;
+                // The enabled site, assembled for a nearby target.
+                let site = b.site_call(0x10_0000, 0x10_1000)?;
+                let site_insns = listing::decode(&cs, &site, 0x10_0000).len();
+                let mut row = format!("{:<8} {:>6} ", b.name(), site_insns);
+                for v in Variant::ALL {
+                    let image = Image::generate(&spec, &[v])?;
+                    let n = listing::decode(&cs, &image.code, 0).len();
+                    // + the callback's `ret` for entry variants; the exit
+                    // trampoline is reached by the function's own return.
+                    let total = if v == Variant::Return { n + 1 } else { site_insns + n + 1 };
+                    row.push_str(&format!("{total:>14}"));
+                }
+                println!("{row}");
+            }
+            println!("(entry variants: site + trampoline + an empty callback's return; `return`: trampoline + the handler's return)");
         }
         Cmd::Cflags { arch: a, callsite } => {
             let spec = a.load()?;
