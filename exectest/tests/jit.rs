@@ -172,7 +172,7 @@ fn set_callsite_ops(f: usize, ops: usize) {
 
 /// What `arch_call_checked` loads into the first callee-saved register.
 static CALLEE_SAVED0_PATTERN: std::sync::LazyLock<std::collections::HashMap<&'static str, u64>> = std::sync::LazyLock::new(|| {
-    [("x86_64", 0x1111111111111101), ("aarch64", 0x1919191919191919), ("riscv64", 0x0808080808080808), ("s390x", 0x0707070707070707)].into_iter().collect()
+    [("x86_64", 0x1111111111111101), ("aarch64", 0x1919191919191919), ("riscv64", 0x0808080808080808), ("s390x", 0x0707070707070707), ("ppc64le", 0x1414141414141414)].into_iter().collect()
 });
 
 const A: [i64; 8] = [1, -2, 3_000_000_000, 4, 5, -6, 7, 8];
