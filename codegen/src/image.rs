@@ -123,5 +123,7 @@ fn lower(e: &mut dyn arch::Emitter, spec: &Spec, step: &Step) -> Result<(), Code
         Step::RestoreFlags { off, scratch } => e.restore_flags(*off, *scratch),
         Step::StorePair { a, b, base, off, .. } => e.store_pair(*a, *b, *base, *off, spec.reg_bytes(a.class) as i32),
         Step::LoadPair { a, b, base, off, .. } => e.load_pair(*a, *b, *base, *off, spec.reg_bytes(a.class) as i32),
+        Step::StoreMulti { first, count, base, off, .. } => e.store_multiple(*first, *count, *base, *off, spec.reg_bytes(first.class) as i32),
+        Step::LoadMulti { first, count, base, off, .. } => e.load_multiple(*first, *count, *base, *off, spec.reg_bytes(first.class) as i32),
     }
 }

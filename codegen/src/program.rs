@@ -182,6 +182,12 @@ pub enum Step {
     StorePair { a: Reg, b: Reg, base: Reg, off: i32, notes: (Note, Note) },
     /// `a = [base + off] ; b = [base + off + size]`.
     LoadPair { a: Reg, b: Reg, base: Reg, off: i32, notes: (Note, Note) },
+    /// `[base + off + i*size] = reg(first + i)` for `i < count` in one
+    /// instruction (made by [`group_runs`] for arches whose spec sets
+    /// `trampoline.multiple`); one note per register.
+    StoreMulti { first: Reg, count: u8, base: Reg, off: i32, notes: Vec<Note> },
+    /// `reg(first + i) = [base + off + i*size]` for `i < count`.
+    LoadMulti { first: Reg, count: u8, base: Reg, off: i32, notes: Vec<Note> },
 }
 
 /// Why code could not be generated.
@@ -207,11 +213,72 @@ pub fn steps(spec: &Spec, layout: &FrameLayout, variant: Variant) -> Vec<Step> {
         Variant::Entry { tier, dispatch } => entry_steps(spec, layout, tier, dispatch),
         Variant::Return => return_steps(spec, layout),
     };
+    let steps = if spec.raw.trampoline.multiple { group_runs(spec, steps) } else { steps };
     if spec.raw.trampoline.pairs {
         pair_up(spec, steps)
     } else {
         steps
     }
+}
+
+/// Merges runs of neighbouring stores (or loads) of registers with
+/// consecutive encodings to consecutive slots — register `first + i` at
+/// `off + i*size` — into one multiple step.  A run's steps may come in
+/// either order (the restore half walks the slots backwards); stores to
+/// different addresses, and loads of different registers from different
+/// addresses, may be reordered freely.  A load run never includes its base
+/// register.
+pub fn group_runs(spec: &Spec, steps: Vec<Step>) -> Vec<Step> {
+    // (store?, reg, base, off, note) of a plain store/load that may join a run.
+    fn item(s: &Step) -> Option<(bool, Reg, Reg, i32, Note)> {
+        match s {
+            Step::Store { reg, base, off, note } if reg.class != RegClass::Special => Some((true, *reg, *base, *off, note.clone())),
+            Step::Load { reg, base, off, note } if reg.class != RegClass::Special && reg != base => {
+                Some((false, *reg, *base, *off, note.clone()))
+            }
+            _ => None,
+        }
+    }
+    let mut out = Vec::with_capacity(steps.len());
+    let mut i = 0;
+    while i < steps.len() {
+        let Some((store, first, base, off, note)) = item(&steps[i]) else {
+            out.push(steps[i].clone());
+            i += 1;
+            continue;
+        };
+        let size = spec.reg_bytes(first.class) as i32;
+        // The run so far: lowest register/offset, count, notes in address order.
+        let (mut lo_reg, mut lo_off, mut notes) = (first, off, std::collections::VecDeque::from([note]));
+        let mut j = i + 1;
+        while let Some((st, reg, b, o, n)) = steps.get(j).and_then(item) {
+            if st != store || b != base || reg.class != first.class {
+                break;
+            }
+            let count = notes.len() as i32;
+            if o == lo_off + count * size && reg.enc as i32 == lo_reg.enc as i32 + count {
+                notes.push_back(n);
+            } else if o == lo_off - size && reg.enc as i32 == lo_reg.enc as i32 - 1 {
+                notes.push_front(n);
+                (lo_reg, lo_off) = (reg, o);
+            } else {
+                break;
+            }
+            j += 1;
+        }
+        if notes.len() < 2 {
+            out.push(steps[i].clone());
+        } else {
+            let (count, notes) = (notes.len() as u8, notes.into_iter().collect());
+            out.push(if store {
+                Step::StoreMulti { first: lo_reg, count, base, off: lo_off, notes }
+            } else {
+                Step::LoadMulti { first: lo_reg, count, base, off: lo_off, notes }
+            });
+        }
+        i = j;
+    }
+    out
 }
 
 /// Merges neighbouring stores (or loads) of two registers of one class to
@@ -460,6 +527,16 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
         Step::LoadPair { a, b, base, off, notes } => {
             format!("load2     {}, {} <- {}{}{}", r(a), r(b), mem(base, off), n(&notes.0), n(&notes.1).replace("  ;", ","))
         }
+        Step::StoreMulti { first, count, base, off, notes } | Step::LoadMulti { first, count, base, off, notes } => {
+            let last = Reg { class: first.class, enc: first.enc + count - 1 };
+            let (verb, arrow) = if matches!(step, Step::StoreMulti { .. }) { ("store", "->") } else { ("load", "<-") };
+            let span = |a: &Note, b: &Note| match (a, b) {
+                (Note::Slot(a), Note::Slot(b)) => format!("  ; {a} .. {b}"),
+                _ => String::new(),
+            };
+            let note = span(notes.first().unwrap_or(&Note::None), notes.last().unwrap_or(&Note::None));
+            format!("{:<9} {}..{} {arrow} {}{note}", format!("{verb}{count}"), r(first), r(&last), mem(base, off))
+        }
         Step::SaveFlags { off, .. } => format!("save_flags -> {}", mem(&spec.sp, off)),
         Step::RestoreFlags { off, .. } => format!("restore_flags <- {}", mem(&spec.sp, off)),
     }
@@ -503,5 +580,30 @@ mod tests {
         // Different classes never pair.
         assert_eq!(pair_up(&spec, vec![ld(x0, sp, 0), ld(Reg::vector(0), sp, 8)]).len(), 2);
         assert!(matches!(pair_up(&spec, vec![ld(x0, sp, 0), ld(x1, sp, 8)])[..], [Step::LoadPair { .. }]));
+    }
+
+    fn st_at(reg: Reg, base: Reg, off: i32) -> Step {
+        Step::Store { reg, base, off, note: Note::None }
+    }
+
+    #[test]
+    fn runs_of_consecutive_registers_and_slots_merge_in_either_order() {
+        let spec = Spec::builtin("aarch64").unwrap();
+        let sp = Reg::special(31);
+        let g = Reg::gpr;
+        // Ascending stores r2..r4, then r9 (next slot, but not the next register).
+        let out = group_runs(&spec, vec![st_at(g(2), sp, 16), st_at(g(3), sp, 24), st_at(g(4), sp, 32), st_at(g(9), sp, 40)]);
+        assert!(matches!(out[..], [Step::StoreMulti { first, count: 3, off: 16, .. }, Step::Store { .. }] if first == g(2)), "{out:?}");
+        // Descending loads (the restore half).
+        let out = group_runs(&spec, vec![ld(g(4), sp, 32), ld(g(3), sp, 24), ld(g(2), sp, 16)]);
+        assert!(matches!(out[..], [Step::LoadMulti { first, count: 3, off: 16, .. }] if first == g(2)), "{out:?}");
+        // A gap in the slots, another base, or another class ends a run.
+        assert_eq!(group_runs(&spec, vec![st_at(g(2), sp, 16), st_at(g(3), sp, 32)]).len(), 2);
+        assert_eq!(group_runs(&spec, vec![st_at(g(2), sp, 16), st_at(g(3), g(5), 24)]).len(), 2);
+        assert_eq!(group_runs(&spec, vec![st_at(g(0), sp, 0), st_at(Reg::vector(1), sp, 8)]).len(), 2);
+        // A load run never loads its base register.
+        assert_eq!(group_runs(&spec, vec![ld(g(2), g(3), 0), ld(g(3), g(3), 8)]).len(), 2);
+        // Stores and loads never mix.
+        assert_eq!(group_runs(&spec, vec![st_at(g(2), sp, 16), ld(g(3), sp, 24)]).len(), 2);
     }
 }

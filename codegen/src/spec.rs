@@ -179,6 +179,12 @@ pub struct RawTrampoline {
     /// (`Emitter::store_pair` / `load_pair`).
     #[serde(default)]
     pub pairs: bool,
+    /// Merge runs of saves/restores of registers with consecutive
+    /// encodings to consecutive slots into one store/load-multiple
+    /// instruction (`Emitter::store_multiple` / `load_multiple`; s390x
+    /// `stmg`/`lmg`, `vstm`/`vlm`).
+    #[serde(default)]
+    pub multiple: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

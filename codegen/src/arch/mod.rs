@@ -117,6 +117,22 @@ pub trait Emitter {
         self.load(a, base, off)?;
         self.load(b, base, off + size)
     }
+    /// `[base + off + i*size] = reg(first.enc + i)` for `i < count`; arches
+    /// with a store-multiple instruction override this (and set
+    /// `trampoline.multiple` in their spec).
+    fn store_multiple(&mut self, first: Reg, count: u8, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        for i in 0..count {
+            self.store(Reg { class: first.class, enc: first.enc + i }, base, off + i as i32 * size)?;
+        }
+        Ok(())
+    }
+    /// `reg(first.enc + i) = [base + off + i*size]` for `i < count`.
+    fn load_multiple(&mut self, first: Reg, count: u8, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        for i in 0..count {
+            self.load(Reg { class: first.class, enc: first.enc + i }, base, off + i as i32 * size)?;
+        }
+        Ok(())
+    }
     /// Bytes emitted so far.
     fn pos(&self) -> usize;
     /// The code and its data-word references.

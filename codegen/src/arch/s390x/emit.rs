@@ -6,6 +6,7 @@
 //! |----------------------|------------------------------------------------------|
 //! | `adjust_sp`          | `lay %r15,d(%r15)` (`la` for 0 < d < 4096)            |
 //! | `store` / `load`     | `stg` / `lg` (20-bit displacement); vector registers: `vst` / `vl` (full 16 bytes, 12-bit displacement) |
+//! | `store_multiple` / `load_multiple` | `stmg` / `lmg`; `vstm` / `vlm` (16 registers at most each) |
 //! | `add_imm`            | `lgr` (imm 0), `la` / `lay`; from r0 `aghik` (r0 is no base register) |
 //! | `load_data`          | `lgrl` (PC-relative, `R_390_PC32DBL`, ±4 GiB)         |
 //! | `call_data`          | `lgrl %rS,word` ; `basr %r14,%rS`                     |
@@ -46,14 +47,16 @@ fn unsupported(what: impl Into<String>) -> CodegenError {
 ///   RRE    | op:16 | 0:8 | r1:4 r2:4 |
 ///   RX-a   | op:8 | r1:4 x2:4 | b2:4 d2:12 |
 ///   RXY-a  | op:8 | r1:4 x2:4 | b2:4 dl2:12 | dh2:8 | op:8 |
+///   RSY-a  | op:8 | r1:4 r3:4 | b2:4 dl2:12 | dh2:8 | op:8 |
 ///   RIL-b  | op:8 | r1:4 op:4 | i2:32 (halfwords from the instruction) |
 ///   RI-a   | op:8 | r1:4 op:4 | i2:16 |
 ///   RIE-d  | op:8 | r1:4 r3:4 | i2:16 | 0:8 | op:8 |
 ///   VRX    | op:8 | v1:4 x2:4 | b2:4 d2:12 | m3:4 rxb:4 | op:8 |
+///   VRS-a  | op:8 | v1:4 v3:4 | b2:4 d2:12 | m4:4 rxb:4 | op:8 |
 /// ```
 ///
 /// `rxb` holds the fifth bit of each vector register operand (bit 3 for
-/// the first operand).
+/// the first operand, bit 2 for the second).
 pub(super) mod insn {
     use super::ARCH;
     use crate::program::CodegenError;
@@ -185,6 +188,15 @@ pub(super) mod insn {
         [(op >> 8) as u8, r1 << 4 | x2, b2.0 << 4 | (dl >> 8) as u8, dl as u8, dh, op as u8]
     }
 
+    fn rsy_a(op: u16, r1: u8, r3: u8, b2: Base, d2: Disp20) -> [u8; 6] {
+        rxy_a(op, r1, r3, b2, d2)
+    }
+
+    fn vrs_a(op: u16, v1: Vr, v3: Vr, b2: Base, d2: Disp12) -> [u8; 6] {
+        let rxb = if v1.0 >= 16 { 0x8 } else { 0 } | if v3.0 >= 16 { 0x4 } else { 0 };
+        [(op >> 8) as u8, (v1.0 & 0xf) << 4 | (v3.0 & 0xf), b2.0 << 4 | (d2.0 >> 8) as u8, d2.0 as u8, rxb, op as u8]
+    }
+
     fn ril(op: u16, r1: u8, i2: Rel32) -> [u8; 6] {
         let i = i2.be_bytes();
         [(op >> 4) as u8, r1 << 4 | (op & 0xf) as u8, i[0], i[1], i[2], i[3]]
@@ -207,6 +219,24 @@ pub(super) mod insn {
     /// `lg %r1,d(%b)`: load 64 bits.
     pub fn lg(r1: Gpr, d: Disp20, b: Base) -> [u8; 6] {
         rxy_a(0xe304, r1.0, 0, b, d)
+    }
+    /// `stmg %r1,%r3,d(%b)`: store r1..r3 (ascending, no wrap here) at
+    /// consecutive doublewords.
+    pub fn stmg(r1: Gpr, r3: Gpr, d: Disp20, b: Base) -> [u8; 6] {
+        rsy_a(0xeb24, r1.0, r3.0, b, d)
+    }
+    /// `lmg %r1,%r3,d(%b)`.
+    pub fn lmg(r1: Gpr, r3: Gpr, d: Disp20, b: Base) -> [u8; 6] {
+        rsy_a(0xeb04, r1.0, r3.0, b, d)
+    }
+    /// `vstm %v1,%v3,d(%b)`: store v1..v3 (at most 16) at consecutive
+    /// quadwords (no alignment hint).
+    pub fn vstm(v1: Vr, v3: Vr, d: Disp12, b: Base) -> [u8; 6] {
+        vrs_a(0xe73e, v1, v3, b, d)
+    }
+    /// `vlm %v1,%v3,d(%b)`.
+    pub fn vlm(v1: Vr, v3: Vr, d: Disp12, b: Base) -> [u8; 6] {
+        vrs_a(0xe736, v1, v3, b, d)
     }
     /// `vst %v1,d(%b)`: store 128 bits (no alignment hint).
     pub fn vst(v1: Vr, d: Disp12, b: Base) -> [u8; 6] {
@@ -329,6 +359,58 @@ impl S390Emitter {
     }
 }
 
+impl S390Emitter {
+    /// `stmg`/`lmg`/`vstm`/`vlm` of `count` registers from `first`, in
+    /// chunks of at most 16 (the instructions' limit); one register is a
+    /// plain store/load.
+    fn multiple(&mut self, store: bool, first: Reg, count: u8, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        let b = self::base(base)?;
+        let width = match first.class {
+            RegClass::Gpr => 8,
+            RegClass::Vector => 16,
+            RegClass::Special => return Err(unsupported("load/store multiple of special registers")),
+        };
+        if size != width {
+            return Err(unsupported(format!("store/load multiple with {size}-byte slots ({width}-byte registers)")));
+        }
+        if !store && (first.enc..first.enc.saturating_add(count)).contains(&base.enc) && first.class == RegClass::Gpr {
+            return Err(unsupported("load multiple into its own base register"));
+        }
+        // Check every operand before emitting anything.
+        let mut chunks = Vec::new();
+        let mut done = 0u8;
+        while done < count {
+            let n = (count - done).min(16);
+            let (lo, hi) = (first.enc + done, first.enc + done + n - 1);
+            let at = off as i64 + done as i64 * size as i64;
+            chunks.push((lo, hi, at));
+            done += n;
+        }
+        let mut code = Vec::new();
+        for (lo, hi, at) in chunks {
+            if lo == hi {
+                let r = Reg { class: first.class, enc: lo };
+                let mut one = S390Emitter::new();
+                one.mem(store, r, base, at as i32)?;
+                code.extend(one.code);
+                continue;
+            }
+            match first.class {
+                RegClass::Gpr => {
+                    let (r1, r3, d) = (Gpr::new(lo)?, Gpr::new(hi)?, Disp20::new(at)?);
+                    code.extend(if store { insn::stmg(r1, r3, d, b) } else { insn::lmg(r1, r3, d, b) });
+                }
+                _ => {
+                    let (v1, v3, d) = (Vr::new(lo)?, Vr::new(hi)?, Disp12::new(at)?);
+                    code.extend(if store { insn::vstm(v1, v3, d, b) } else { insn::vlm(v1, v3, d, b) });
+                }
+            }
+        }
+        self.put(&code);
+        Ok(())
+    }
+}
+
 impl Emitter for S390Emitter {
     fn adjust_sp(&mut self, delta: i32) -> Result<(), CodegenError> {
         self.add_imm(Reg::gpr(SP), Reg::gpr(SP), delta)
@@ -340,6 +422,14 @@ impl Emitter for S390Emitter {
 
     fn load(&mut self, reg: Reg, base: Reg, off: i32) -> Result<(), CodegenError> {
         self.mem(false, reg, base, off)
+    }
+
+    fn store_multiple(&mut self, first: Reg, count: u8, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        self.multiple(true, first, count, base, off, size)
+    }
+
+    fn load_multiple(&mut self, first: Reg, count: u8, base: Reg, off: i32, size: i32) -> Result<(), CodegenError> {
+        self.multiple(false, first, count, base, off, size)
     }
 
     fn add_imm(&mut self, dst: Reg, src: Reg, imm: i32) -> Result<(), CodegenError> {
@@ -442,6 +532,10 @@ mod tests {
         assert_eq!(lgrl(g(4), Rel32::ZERO), [0xc4, 0x48, 0, 0, 0, 0]);
         assert_eq!(brcl(0, Rel32::ZERO).unwrap(), [0xc0, 0x04, 0, 0, 0, 0]);
         assert_eq!(ipm(g(1)), [0xb2, 0x22, 0x00, 0x10]);
+        assert_eq!(stmg(g(2), g(6), d20(160), b(15)), [0xeb, 0x26, 0xf0, 0xa0, 0x00, 0x24]);
+        assert_eq!(lmg(g(2), g(6), d20(160), b(15)), [0xeb, 0x26, 0xf0, 0xa0, 0x00, 0x04]);
+        assert_eq!(vstm(Vr::new(24).unwrap(), Vr::new(31).unwrap(), d12(176), b(15)), [0xe7, 0x8f, 0xf0, 0xb0, 0x0c, 0x3e]);
+        assert_eq!(vlm(Vr::new(0).unwrap(), Vr::new(7).unwrap(), d12(176), b(15)), [0xe7, 0x07, 0xf0, 0xb0, 0x00, 0x36]);
         assert_eq!(lghi(g(1), Imm16::new(0).unwrap()), [0xa7, 0x19, 0x00, 0x00]);
         assert_eq!(lghi(g(15), Imm16::new(-2).unwrap()), [0xa7, 0xf9, 0xff, 0xfe]);
         assert_eq!(spm(g(1)), [0x04, 0x10]);

@@ -19,7 +19,7 @@ const FIELD: u64 = 2;
 pub fn apply(code: &mut [u8], f: &Fixup, code_addr: u64, word_addr: u64) -> Result<(), CodegenError> {
     match f.kind {
         FixupKind::S390Pc32Dbl => {
-            if word_addr % 8 != 0 {
+            if !word_addr.is_multiple_of(8) {
                 return Err(CodegenError::OutOfRange {
                     arch: ARCH,
                     what: "lgrl data word alignment",

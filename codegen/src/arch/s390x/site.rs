@@ -14,7 +14,7 @@ use crate::program::CodegenError;
 /// The enabled form at `site` calling `target`.
 pub fn call(site: u64, target: u64) -> Result<Vec<u8>, CodegenError> {
     for (what, addr) in [("patch site address", site), ("brasl target address", target)] {
-        if addr % 2 != 0 {
+        if !addr.is_multiple_of(2) {
             return Err(CodegenError::OutOfRange { arch: ARCH, what, value: addr as i64, range: "2-byte aligned" });
         }
     }
