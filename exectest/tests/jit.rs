@@ -337,3 +337,44 @@ fn nested_traced_calls_return_in_order() {
         assert_eq!(rets, want, "{v}: innermost first");
     }
 }
+
+/// s390x: the trampolines save v0-v7 and the vector argument registers
+/// v24-v31 at their full 16 bytes (a callback may clobber all of them), and
+/// the regs tier restores the condition code.
+#[cfg(target_arch = "s390x")]
+#[test]
+fn s390x_vector_registers_and_the_condition_code_survive() {
+    extern "C" {
+        fn arch_vec_tracee();
+        fn arch_vec_call(f: usize) -> u64;
+        fn arch_clobber();
+        static arch_vec_pattern: [u8; 256];
+        static arch_vec_seen: [u8; 256];
+    }
+    static CLOBBERS: AtomicUsize = AtomicUsize::new(0);
+    unsafe extern "C" fn clobbering(_: usize, _: usize, _: *const TestOps, _: *mut FtraceRegs) {
+        CLOBBERS.fetch_add(1, SeqCst);
+        arch_clobber();
+    }
+    let fx = fixture();
+    let ops = Box::new(TestOps { func: clobbering, tag: 3 });
+    assert!(fx.jit.set_word(DataWord::FunctionTraceOp, &*ops as *const TestOps as usize));
+    assert!(fx.jit.set_word(DataWord::DirectFunc, addr!(clobbering)));
+    let pattern = unsafe { std::ptr::read_volatile(&raw const arch_vec_pattern) };
+    let seen = || unsafe { std::ptr::read_volatile(&raw const arch_vec_seen) };
+    // Untraced: the harness itself passes the registers and cc 2 through.
+    assert_eq!(unsafe { arch_vec_call(addr!(arch_vec_tracee)) }, 2);
+    assert_eq!(seen(), pattern);
+    for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
+        let before = CLOBBERS.load(SeqCst);
+        let cc = with_site(addr!(arch_vec_tracee), fx.jit.entry(v).unwrap(), || unsafe { arch_vec_call(addr!(arch_vec_tracee)) });
+        assert_eq!(CLOBBERS.load(SeqCst), before + 1, "{v}: the clobbering callback ran");
+        let got = seen();
+        for (n, reg) in (0..8).chain(24..32).enumerate() {
+            assert_eq!(got[n * 16..n * 16 + 16], pattern[n * 16..n * 16 + 16], "{v}: v{reg}");
+        }
+        if let Variant::Entry { tier: Tier::Regs, .. } = v {
+            assert_eq!(cc, 2, "{v}: condition code");
+        }
+    }
+}

@@ -63,7 +63,53 @@ __asm__(
 	"	ld %f8,176(%r15)\n	ld %f9,184(%r15)\n	ld %f10,192(%r15)\n	ld %f11,200(%r15)\n	ld %f12,208(%r15)\n	ld %f13,216(%r15)\n	ld %f14,224(%r15)\n	ld %f15,232(%r15)\n"
 	"	lg %r15,160(%r15)\n	lmg %r6,%r15,48(%r15)\n"
 	"	br %r14\n"
-	".size arch_call_checked, .-arch_call_checked\n");
+	".size arch_call_checked, .-arch_call_checked\n"
+
+	/* s390x only (exectest/tests/jit.rs): vector argument registers at full
+	   width and the condition code.  arch_vec_call(fn) loads
+	   arch_vec_pattern into v0-v7 and v24-v31, sets cc 2 and calls fn;
+	   arch_vec_tracee (a patch site, then) stores v0-v7/v24-v31 into
+	   arch_vec_seen and returns the cc it was entered with;
+	   arch_clobber (a callback's helper) zeroes those registers and sets
+	   cc 0. */
+	".machine push\n"
+	".machine z13\n"
+	".globl arch_vec_tracee\n"
+	".type arch_vec_tracee,@function\n"
+	".align 8\n"
+	"arch_vec_tracee:\n"
+	"	nopr %r0\n	nopr %r0\n	nopr %r0\n"
+	"	lghi %r2,0\n	ipm %r2\n	srlg %r2,%r2,28\n"
+	"	larl %r1,arch_vec_seen\n	vstm %v0,%v7,0(%r1)\n	vstm %v24,%v31,128(%r1)\n"
+	"	br %r14\n"
+	".size arch_vec_tracee, .-arch_vec_tracee\n"
+	".globl arch_vec_call\n"
+	".type arch_vec_call,@function\n"
+	"arch_vec_call:\n"
+	"	stmg %r14,%r15,112(%r15)\n	lay %r15,-160(%r15)\n"
+	"	lgr %r1,%r2\n	larl %r2,arch_vec_pattern\n	vlm %v0,%v7,0(%r2)\n	vlm %v24,%v31,128(%r2)\n"
+	"	lghi %r0,1\n	cghi %r0,0\n" /* cc 2: first operand high */
+	"	basr %r14,%r1\n"
+	"	lmg %r14,%r15,272(%r15)\n	br %r14\n"
+	".size arch_vec_call, .-arch_vec_call\n"
+	".globl arch_clobber\n"
+	".type arch_clobber,@function\n"
+	"arch_clobber:\n"
+	"	vzero %v0\n	vzero %v1\n	vzero %v2\n	vzero %v3\n	vzero %v4\n	vzero %v5\n	vzero %v6\n	vzero %v7\n"
+	"	vzero %v24\n	vzero %v25\n	vzero %v26\n	vzero %v27\n	vzero %v28\n	vzero %v29\n	vzero %v30\n	vzero %v31\n"
+	"	lghi %r0,0\n	cghi %r0,0\n" /* cc 0 */
+	"	br %r14\n"
+	".size arch_clobber, .-arch_clobber\n"
+	".machine pop\n");
+
+/* 16 registers x 16 bytes: v0-v7, then v24-v31. */
+unsigned char arch_vec_pattern[256] __attribute__((aligned(16))) = {
+#define ROW(r) r, r + 1, r + 2, r + 3, r + 4, r + 5, r + 6, r + 7, r + 8, r + 9, r + 10, r + 11, r + 12, r + 13, r + 14, r + 15
+	ROW(0x10), ROW(0x20), ROW(0x30), ROW(0x40), ROW(0x50), ROW(0x60), ROW(0x70), ROW(0x80),
+	ROW(0x90), ROW(0xa0), ROW(0xb0), ROW(0xc0), ROW(0xd0), ROW(0xe0), ROW(0x01), ROW(0x41),
+#undef ROW
+};
+unsigned char arch_vec_seen[256] __attribute__((aligned(16)));
 #endif
 
 /* brasl %r0,target: c0 05, then the halfword distance big-endian. */
