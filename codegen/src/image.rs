@@ -52,6 +52,13 @@ impl Image {
 
     /// As [`Image::generate`], with an explicit backend.
     pub fn generate_with(backend: &dyn Arch, spec: &Spec, variants: &[Variant]) -> Result<Image, CodegenError> {
+        for v in variants {
+            if let Variant::Entry { dispatch: program::Dispatch::Multi(n), .. } = *v {
+                if !(1..=Variant::MULTI_MAX).contains(&n) {
+                    return Err(CodegenError::OutOfRange { arch: backend.name(), what: "tracers of a multi trampoline", value: n as i64, range: "1..=8" });
+                }
+            }
+        }
         let layout = FrameLayout::new(spec);
         let mut code = Vec::new();
         let mut fixups = Vec::new();

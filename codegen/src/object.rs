@@ -7,8 +7,9 @@
 //! `ftrace_ops_list_func` and `ftrace_return_to_handler`.  Exported:
 //! the trampolines (`ftrace_caller`, `ftrace_regs_caller`,
 //! `return_to_handler`, …) and the writable words `function_trace_op`
-//! (and `ftrace_direct_op` / `ftrace_direct_func` with direct variants),
-//! all optionally prefixed.
+//! (and `ftrace_direct_op` / `ftrace_direct_func` with direct variants;
+//! a `multiN` variant adds `ftrace_direct_op_i` / `ftrace_direct_func_i`
+//! for its tracers `i` = 1..N-1), all optionally prefixed.
 
 use crate::arch::{self, RelocTarget};
 use crate::image::Image;

@@ -17,7 +17,8 @@
 //! 4. call the tracer as `func(ip, parent_ip, op, fregs)` where `ip` is the
 //!    site address and `op` comes from a data word (`list`, `direct`) or from
 //!    the word before the function (`callsite`, whose ops' first word is its
-//!    callback);
+//!    callback); a `multiN` trampoline makes N such calls in sequence, each
+//!    with its own (func, op) pair of words (see [`Dispatch::Multi`]);
 //! 5. restore every saved register from its slot, so a tracer's changes to
 //!    arguments take effect;
 //! 6. resume at `ip` with `return_address` as the traced function's return
@@ -41,6 +42,17 @@ pub enum Dispatch {
     /// Read the ops pointer from the word before the function and call the
     /// ops' first word (its `func`).
     Callsite,
+    /// Call `n` tracers (`1 <= n <= `[`Variant::MULTI_MAX`]) in sequence,
+    /// tracer `i` with its own words [`DataWord::TracerOp`]`(i)` and
+    /// [`DataWord::TracerFunc`]`(i)` — a dispatcher for exactly the ops of a
+    /// site, without the list function's walk.  Every call gets the same
+    /// `ip` (the site address) and `parent_ip` (the parent return address
+    /// at entry), saved in two words at the top of the frame before the first
+    /// call, as the list function passes the same pair to every ops; and the
+    /// same `fregs`, so a change a tracer makes to `fregs` (arguments, `ip`,
+    /// `return_address`) is seen by the tracers after it and takes effect
+    /// when the trampoline returns.
+    Multi(u8),
 }
 
 /// One trampoline kind the generator makes.
@@ -51,8 +63,39 @@ pub enum Variant {
     Return,
 }
 
+/// `(args, regs)` names and object symbols of `multi1` .. `multi8`.
+const MULTI_NAMES: [(&str, &str); Variant::MULTI_MAX as usize] = [
+    ("args-multi1", "regs-multi1"),
+    ("args-multi2", "regs-multi2"),
+    ("args-multi3", "regs-multi3"),
+    ("args-multi4", "regs-multi4"),
+    ("args-multi5", "regs-multi5"),
+    ("args-multi6", "regs-multi6"),
+    ("args-multi7", "regs-multi7"),
+    ("args-multi8", "regs-multi8"),
+];
+const MULTI_SYMBOLS: [(&str, &str); Variant::MULTI_MAX as usize] = [
+    ("ftrace_multi1_caller", "ftrace_regs_multi1_caller"),
+    ("ftrace_multi2_caller", "ftrace_regs_multi2_caller"),
+    ("ftrace_multi3_caller", "ftrace_regs_multi3_caller"),
+    ("ftrace_multi4_caller", "ftrace_regs_multi4_caller"),
+    ("ftrace_multi5_caller", "ftrace_regs_multi5_caller"),
+    ("ftrace_multi6_caller", "ftrace_regs_multi6_caller"),
+    ("ftrace_multi7_caller", "ftrace_regs_multi7_caller"),
+    ("ftrace_multi8_caller", "ftrace_regs_multi8_caller"),
+];
+
 impl Variant {
-    /// Every variant, in listing order.
+    /// The most tracers one [`Dispatch::Multi`] trampoline calls.
+    pub const MULTI_MAX: u8 = 8;
+
+    /// The `multiN` entry variant of `tier`, if `1 <= n <= MULTI_MAX`.
+    pub fn multi(tier: Tier, n: u8) -> Option<Variant> {
+        (1..=Variant::MULTI_MAX).contains(&n).then_some(Variant::Entry { tier, dispatch: Dispatch::Multi(n) })
+    }
+
+    /// Every variant but the multi ones, in listing order (the multi
+    /// variants come from [`Variant::multi`]).
     pub const ALL: [Variant; 7] = [
         Variant::Entry { tier: Tier::Args, dispatch: Dispatch::List },
         Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::List },
@@ -72,6 +115,7 @@ impl Variant {
             Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Direct } => "regs-direct",
             Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Callsite } => "args-callsite",
             Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Callsite } => "regs-callsite",
+            Variant::Entry { tier, dispatch: Dispatch::Multi(n) } => multi_entry(MULTI_NAMES, tier, n, "multi-invalid"),
             Variant::Return => "return",
         }
     }
@@ -85,12 +129,37 @@ impl Variant {
             Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Direct } => "ftrace_regs_direct_caller",
             Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Callsite } => "ftrace_callsite_caller",
             Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Callsite } => "ftrace_regs_callsite_caller",
+            Variant::Entry { tier, dispatch: Dispatch::Multi(n) } => multi_entry(MULTI_SYMBOLS, tier, n, "ftrace_multi_invalid_caller"),
             Variant::Return => "return_to_handler",
         }
     }
 
+    /// The variant named `name` ([`Variant::name`]): one of [`Variant::ALL`]
+    /// or `args-multiN` / `regs-multiN` with `1 <= N <= MULTI_MAX`.
     pub fn parse(name: &str) -> Option<Variant> {
-        Variant::ALL.into_iter().find(|v| v.name() == name)
+        if let Some(v) = Variant::ALL.into_iter().find(|v| v.name() == name) {
+            return Some(v);
+        }
+        let (tier, n) = match name.split_once("-multi")? {
+            ("args", n) => (Tier::Args, n),
+            ("regs", n) => (Tier::Regs, n),
+            _ => return None,
+        };
+        // Digits only: no sign, no leading zero.
+        if n.starts_with(['+', '0']) {
+            return None;
+        }
+        Variant::multi(tier, n.parse().ok()?)
+    }
+}
+
+/// The `(args, regs)` entry of `table` for `multiN`; `invalid` outside
+/// `1..=MULTI_MAX` (such a variant is refused by [`crate::Image::generate`]).
+fn multi_entry(table: [(&'static str, &'static str); Variant::MULTI_MAX as usize], tier: Tier, n: u8, invalid: &'static str) -> &'static str {
+    match (table.get((n as usize).wrapping_sub(1)), tier) {
+        (Some((args, _)), Tier::Args) => args,
+        (Some((_, regs)), Tier::Regs) => regs,
+        (None, _) => invalid,
     }
 }
 
@@ -110,15 +179,63 @@ pub enum DataWord {
     ListFunc,
     /// Address of `ftrace_return_to_handler`.
     ReturnHandler,
-    /// The ops of a direct trampoline (`ftrace_direct_op`).
-    DirectOp,
-    /// The callback of a direct trampoline (`ftrace_direct_func`).
-    DirectFunc,
+    /// The ops of tracer `i` (`i < `[`Variant::MULTI_MAX`]) of a direct
+    /// (`i` = 0) or multi trampoline: `ftrace_direct_op`,
+    /// `ftrace_direct_op_1`, …  Index 0 is also spelled
+    /// [`DataWord::DirectOp`].
+    TracerOp(u8),
+    /// The callback of tracer `i`: `ftrace_direct_func`,
+    /// `ftrace_direct_func_1`, …  Index 0 is also spelled
+    /// [`DataWord::DirectFunc`].
+    TracerFunc(u8),
 }
 
+/// Symbols of the indexed words, by index.
+const TRACER_OP_SYMBOLS: [&str; Variant::MULTI_MAX as usize] = [
+    "ftrace_direct_op",
+    "ftrace_direct_op_1",
+    "ftrace_direct_op_2",
+    "ftrace_direct_op_3",
+    "ftrace_direct_op_4",
+    "ftrace_direct_op_5",
+    "ftrace_direct_op_6",
+    "ftrace_direct_op_7",
+];
+const TRACER_FUNC_SYMBOLS: [&str; Variant::MULTI_MAX as usize] = [
+    "ftrace_direct_func",
+    "ftrace_direct_func_1",
+    "ftrace_direct_func_2",
+    "ftrace_direct_func_3",
+    "ftrace_direct_func_4",
+    "ftrace_direct_func_5",
+    "ftrace_direct_func_6",
+    "ftrace_direct_func_7",
+];
+
 impl DataWord {
-    pub const ALL: [DataWord; 5] =
-        [DataWord::FunctionTraceOp, DataWord::ListFunc, DataWord::ReturnHandler, DataWord::DirectOp, DataWord::DirectFunc];
+    /// The ops of a direct trampoline (`ftrace_direct_op`): tracer 0's.
+    /// The name the word had before multi dispatch, kept for callers.
+    #[allow(non_upper_case_globals)]
+    pub const DirectOp: DataWord = DataWord::TracerOp(0);
+    /// The callback of a direct trampoline (`ftrace_direct_func`).
+    #[allow(non_upper_case_globals)]
+    pub const DirectFunc: DataWord = DataWord::TracerFunc(0);
+
+    /// Every word, in data-area order: an image lays out the words its code
+    /// uses in this order (the direct words right after the runtime ones,
+    /// then the further tracers' pairs).
+    pub const ALL: [DataWord; 3 + 2 * Variant::MULTI_MAX as usize] = {
+        let mut all = [DataWord::FunctionTraceOp; 3 + 2 * Variant::MULTI_MAX as usize];
+        all[1] = DataWord::ListFunc;
+        all[2] = DataWord::ReturnHandler;
+        let mut i = 0;
+        while i < Variant::MULTI_MAX {
+            all[3 + 2 * i as usize] = DataWord::TracerOp(i);
+            all[4 + 2 * i as usize] = DataWord::TracerFunc(i);
+            i += 1;
+        }
+        all
+    };
 
     /// Symbol of the word in objects and listings.
     pub fn symbol(self) -> &'static str {
@@ -126,8 +243,8 @@ impl DataWord {
             DataWord::FunctionTraceOp => "function_trace_op",
             DataWord::ListFunc => "ftrace_ops_list_func_ptr",
             DataWord::ReturnHandler => "ftrace_return_to_handler_ptr",
-            DataWord::DirectOp => "ftrace_direct_op",
-            DataWord::DirectFunc => "ftrace_direct_func",
+            DataWord::TracerOp(i) => TRACER_OP_SYMBOLS.get(i as usize).copied().unwrap_or("ftrace_direct_op_invalid"),
+            DataWord::TracerFunc(i) => TRACER_FUNC_SYMBOLS.get(i as usize).copied().unwrap_or("ftrace_direct_func_invalid"),
         }
     }
 
@@ -331,10 +448,28 @@ fn slot_note(spec: &Spec, layout: &FrameLayout, kind: SlotKind) -> Note {
     Note::Slot(format!("{strukt}.{}", spec.slot_name(kind)))
 }
 
+/// Bytes a trampoline allocates: the tier's frame ([`FrameLayout::frame_size`])
+/// plus, for a multi trampoline with more than one tracer, the two words
+/// that keep `ip` and `parent_ip` for the calls after the first (at the top
+/// of the frame, offset [`FrameLayout::frame_size`]; 16 bytes, so the
+/// callbacks' stack stays aligned).
+pub fn frame_size(layout: &FrameLayout, variant: Variant) -> u32 {
+    match variant {
+        Variant::Entry { tier, dispatch: Dispatch::Multi(n) } if n > 1 => layout.frame_size(tier) + MULTI_SAVE_AREA,
+        Variant::Entry { tier, .. } => layout.frame_size(tier),
+        Variant::Return => layout.frame_size(Tier::Args),
+    }
+}
+
+/// See [`frame_size`]: a multiple of every spec's stack alignment (≤ 16).
+const MULTI_SAVE_AREA: u32 = 16;
+
 fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch) -> Vec<Step> {
     let sp = spec.sp;
     let t = spec.scratch[0];
-    let frame = layout.frame_size(tier) as i32;
+    let frame = frame_size(layout, Variant::Entry { tier, dispatch }) as i32;
+    // Multi: where `ip` and `parent_ip` are kept for the later calls.
+    let saved_ip = layout.frame_size(tier) as i32;
     let base = layout.fregs_base() as i32;
     let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
@@ -399,13 +534,30 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
             s.push(Step::CallData { word: DataWord::ListFunc, scratch: t });
         }
         Dispatch::Direct => {
-            s.push(Step::LoadData { dst: arg[2], word: DataWord::DirectOp });
-            s.push(Step::CallData { word: DataWord::DirectFunc, scratch: t });
+            s.push(Step::LoadData { dst: arg[2], word: DataWord::TracerOp(0) });
+            s.push(Step::CallData { word: DataWord::TracerFunc(0), scratch: t });
         }
         Dispatch::Callsite => {
             s.push(Step::Load { reg: arg[2], base: arg[0], off: spec.raw.site.callsite_ops_offset, note: Note::Text("op = word before the function") });
             s.push(Step::Load { reg: t, base: arg[2], off: 0, note: Note::Text("op->func") });
             s.push(Step::CallReg { target: t });
+        }
+        Dispatch::Multi(n) => {
+            // The arguments are caller-saved: keep ip and parent_ip for the
+            // calls after the first (fregs is recomputed from sp).
+            if n > 1 {
+                s.push(Step::Store { reg: arg[0], base: sp, off: saved_ip, note: Note::Text("keep ip") });
+                s.push(Step::Store { reg: arg[1], base: sp, off: saved_ip + 8, note: Note::Text("keep parent_ip") });
+            }
+            for i in 0..n {
+                if i > 0 {
+                    s.push(Step::Load { reg: arg[0], base: sp, off: saved_ip, note: Note::Text("ip") });
+                    s.push(Step::Load { reg: arg[1], base: sp, off: saved_ip + 8, note: Note::Text("parent_ip") });
+                    s.push(Step::AddImm { dst: arg[3], src: sp, imm: base, note: Note::Text("fregs") });
+                }
+                s.push(Step::LoadData { dst: arg[2], word: DataWord::TracerOp(i) });
+                s.push(Step::CallData { word: DataWord::TracerFunc(i), scratch: t });
+            }
         }
     }
 
@@ -532,7 +684,12 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
             let (verb, arrow) = if matches!(step, Step::StoreMulti { .. }) { ("store", "->") } else { ("load", "<-") };
             let span = |a: &Note, b: &Note| match (a, b) {
                 (Note::Slot(a), Note::Slot(b)) => format!("  ; {a} .. {b}"),
-                _ => String::new(),
+                // Free-text notes (a multi trampoline's kept ip/parent_ip)
+                // are listed one by one.
+                _ => {
+                    let texts: Vec<&str> = notes.iter().filter_map(|n| if let Note::Text(t) = n { Some(*t) } else { None }).collect();
+                    if texts.is_empty() { String::new() } else { format!("  ; {}", texts.join(", ")) }
+                }
             };
             let note = span(notes.first().unwrap_or(&Note::None), notes.last().unwrap_or(&Note::None));
             format!("{:<9} {}..{} {arrow} {}{note}", format!("{verb}{count}"), r(first), r(&last), mem(base, off))
@@ -580,6 +737,77 @@ mod tests {
         // Different classes never pair.
         assert_eq!(pair_up(&spec, vec![ld(x0, sp, 0), ld(Reg::vector(0), sp, 8)]).len(), 2);
         assert!(matches!(pair_up(&spec, vec![ld(x0, sp, 0), ld(x1, sp, 8)])[..], [Step::LoadPair { .. }]));
+    }
+
+    #[test]
+    fn multi_variants_have_names_symbols_and_parse_back() {
+        for tier in [Tier::Args, Tier::Regs] {
+            for n in 1..=Variant::MULTI_MAX {
+                let v = Variant::multi(tier, n).unwrap();
+                assert_eq!(Variant::parse(v.name()), Some(v));
+                let t = if tier == Tier::Args { "args" } else { "regs" };
+                assert_eq!(v.name(), format!("{t}-multi{n}"));
+                let sym = if tier == Tier::Args { format!("ftrace_multi{n}_caller") } else { format!("ftrace_regs_multi{n}_caller") };
+                assert_eq!(v.symbol(), sym);
+            }
+            assert_eq!(Variant::multi(tier, 0), None);
+            assert_eq!(Variant::multi(tier, Variant::MULTI_MAX + 1), None);
+        }
+        for bad in ["args-multi0", "args-multi9", "args-multi", "args-multi02", "args-multi+2", "both-multi2", "args-multi2x"] {
+            assert_eq!(Variant::parse(bad), None, "{bad}");
+        }
+        for v in Variant::ALL {
+            assert_eq!(Variant::parse(v.name()), Some(v));
+        }
+    }
+
+    #[test]
+    fn tracer_words_keep_the_direct_names_at_index_zero() {
+        assert_eq!(DataWord::DirectOp, DataWord::TracerOp(0));
+        assert_eq!(DataWord::DirectFunc.symbol(), "ftrace_direct_func");
+        assert_eq!(DataWord::TracerOp(0).symbol(), "ftrace_direct_op");
+        assert_eq!(DataWord::TracerOp(3).symbol(), "ftrace_direct_op_3");
+        assert_eq!(DataWord::TracerFunc(7).symbol(), "ftrace_direct_func_7");
+        // The first five words are laid out as before multi dispatch.
+        assert_eq!(
+            DataWord::ALL[..5],
+            [DataWord::FunctionTraceOp, DataWord::ListFunc, DataWord::ReturnHandler, DataWord::DirectOp, DataWord::DirectFunc]
+        );
+        let mut syms: Vec<_> = DataWord::ALL.iter().map(|w| w.symbol()).collect();
+        syms.sort();
+        syms.dedup();
+        assert_eq!(syms.len(), DataWord::ALL.len(), "symbols are unique");
+    }
+
+    #[test]
+    fn a_multi_trampoline_calls_each_pair_once_in_order_with_the_kept_ip() {
+        for name in ["x86_64", "aarch64"] {
+            let spec = Spec::builtin(name).unwrap();
+            let layout = FrameLayout::new(&spec);
+            for tier in [Tier::Args, Tier::Regs] {
+                let v = Variant::multi(tier, 3).unwrap();
+                let steps = steps(&spec, &layout, v);
+                let calls: Vec<_> = steps.iter().filter_map(|s| if let Step::CallData { word, .. } = s { Some(*word) } else { None }).collect();
+                assert_eq!(calls, [DataWord::TracerFunc(0), DataWord::TracerFunc(1), DataWord::TracerFunc(2)]);
+                let ops: Vec<_> = steps.iter().filter_map(|s| if let Step::LoadData { word, .. } = s { Some(*word) } else { None }).collect();
+                assert_eq!(ops, [DataWord::TracerOp(0), DataWord::TracerOp(1), DataWord::TracerOp(2)]);
+                // The frame grows by the two kept words and stays aligned.
+                assert_eq!(frame_size(&layout, v), layout.frame_size(tier) + 16);
+                assert_eq!(steps[0], Step::AdjustSp { delta: -(frame_size(&layout, v) as i32) });
+                // One tracer needs nothing kept: the same frame as direct.
+                assert_eq!(frame_size(&layout, Variant::multi(tier, 1).unwrap()), layout.frame_size(tier));
+            }
+        }
+    }
+
+    #[test]
+    fn a_multi_trampoline_outside_one_to_eight_is_refused() {
+        let spec = Spec::builtin("x86_64").unwrap();
+        for n in [0, Variant::MULTI_MAX + 1] {
+            let v = Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Multi(n) };
+            let err = crate::Image::generate(&spec, &[v]).unwrap_err();
+            assert!(matches!(err, CodegenError::OutOfRange { value, .. } if value == n as i64), "{err}");
+        }
     }
 
     fn st_at(reg: Reg, base: Reg, off: i32) -> Step {

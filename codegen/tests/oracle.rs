@@ -12,7 +12,7 @@
 //! test fails with the command it could not run (set
 //! `FTRAMP_SKIP_ORACLE=1` to skip deliberately).
 
-use ftramp_codegen::{arch, arch::RelocTarget, image::Image, listing, object, spec::Spec, Variant};
+use ftramp_codegen::{arch, arch::RelocTarget, image::Image, listing, object, spec::Spec, Tier, Variant};
 use std::collections::BTreeMap;
 use std::process::Command;
 
@@ -159,8 +159,14 @@ fn is_register(spec: &Spec, w: &str) -> bool {
     spec.reg(w).is_some() || matches!(w, "rip" | "riz" | "sp" | "wzr" | "xzr")
 }
 
+/// Every variant, the multi ones (one to eight tracers, both tiers) included.
+fn variants() -> Vec<Variant> {
+    let multi = [Tier::Args, Tier::Regs].into_iter().flat_map(|t| (1..=Variant::MULTI_MAX).map(move |n| Variant::multi(t, n).unwrap()));
+    Variant::ALL.into_iter().chain(multi).collect()
+}
+
 fn check_arch(spec: &Spec) -> Vec<String> {
-    let image = Image::generate(spec, &Variant::ALL).unwrap();
+    let image = Image::generate(spec, &variants()).unwrap();
     let obj = object::write(spec, &image, &object::ObjectOptions::default()).unwrap();
     let dir = std::env::temp_dir().join(format!("ftramp-oracle-{}-{}", spec.name, std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -4,7 +4,13 @@
 //! The listings carry two views: the generator's steps and capstone's
 //! disassembly of the bytes (checked against GNU objdump by `oracle.rs`).
 
-use ftramp_codegen::{arch, image::Image, listing, spec::Spec, Variant};
+use ftramp_codegen::{arch, image::Image, listing, spec::Spec, Tier, Variant};
+
+/// Variants outside [`Variant::ALL`] that get a snapshot too: multi
+/// dispatch with two (args tier) and three (regs tier) tracers.
+fn extra_variants() -> [Variant; 2] {
+    [Variant::multi(Tier::Args, 2).unwrap(), Variant::multi(Tier::Regs, 3).unwrap()]
+}
 
 #[test]
 fn every_arch_and_variant() {
@@ -21,4 +27,18 @@ fn every_arch_and_variant() {
         }
     }
     assert_eq!(count, arch::all().count() * Variant::ALL.len());
+}
+
+#[test]
+fn every_arch_multi_dispatch() {
+    for backend in arch::all() {
+        let spec = Spec::builtin(backend.name()).unwrap();
+        for v in extra_variants() {
+            let image = Image::generate(&spec, &[v]).unwrap();
+            let text = listing::image(&spec, &image).unwrap();
+            insta::with_settings!({snapshot_path => "../../snapshots", prepend_module_to_snapshot => false, omit_expression => true}, {
+                insta::assert_snapshot!(format!("{}__{}", backend.name(), v.name()), text);
+            });
+        }
+    }
 }
