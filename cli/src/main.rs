@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Variant};
+use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Dispatch, Tier, Variant};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -63,7 +63,8 @@ enum Cmd {
         #[command(flatten)]
         arch: ArchArgs,
         /// Variant(s) to show (default: all).  One of: args-list, regs-list,
-        /// args-direct, regs-direct, args-callsite, regs-callsite, return.
+        /// args-direct, regs-direct, args-callsite, regs-callsite, return,
+        /// or args-multiN / regs-multiN (N = 1..8 tracers called in turn).
         #[arg(long, short = 'V', value_name = "VARIANT")]
         variant: Vec<String>,
         /// Show every built-in architecture.
@@ -86,7 +87,9 @@ enum Cmd {
         #[arg(long)]
         header: bool,
         /// Variants to include (default: args-list, regs-list, return).  Direct
-        /// variants add the words `ftrace_direct_op` and `ftrace_direct_func`.
+        /// variants add the words `ftrace_direct_op` and `ftrace_direct_func`;
+        /// `args-multiN` / `regs-multiN` add those plus `ftrace_direct_op_i`
+        /// and `ftrace_direct_func_i` for i = 1..N-1.
         #[arg(long, short = 'V', value_name = "VARIANT")]
         variant: Vec<String>,
         /// Prefix for every symbol the object defines.
@@ -108,8 +111,9 @@ fn variants(names: &[String], default: &[Variant]) -> Result<Vec<Variant>> {
         match Variant::parse(n) {
             Some(v) => out.push(v),
             None => bail!(
-                "unknown variant `{n}` (known: {}, all)",
-                Variant::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join(", ")
+                "unknown variant `{n}` (known: {}, args-multiN, regs-multiN with N = 1..{}, all)",
+                Variant::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join(", "),
+                Variant::MULTI_MAX
             ),
         }
     }
@@ -128,7 +132,9 @@ fn main() -> Result<()> {
             }
         }
         Cmd::Cost => {
-            println!("{:<8} {:>6} {}", "arch", "site", Variant::ALL.iter().map(|v| format!("{:>14}", v.name())).collect::<String>());
+            // Every variant, and multi dispatch with two tracers.
+            let columns: Vec<Variant> = Variant::ALL.into_iter().chain(Variant::multi(Tier::Args, 2)).collect();
+            println!("{:<8} {:>6} {}", "arch", "site", columns.iter().map(|v| format!("{:>14}", v.name())).collect::<String>());
             for b in arch::all() {
                 let spec = Spec::builtin(b.name())?;
                 let cs = listing::disassembler(&spec)?;
@@ -136,17 +142,22 @@ fn main() -> Result<()> {
                 let site = b.site_call(0x10_0000, 0x10_1000)?;
                 let site_insns = listing::decode(&cs, &site, 0x10_0000).len();
                 let mut row = format!("{:<8} {:>6} ", b.name(), site_insns);
-                for v in Variant::ALL {
+                for &v in &columns {
                     let image = Image::generate(&spec, &[v])?;
                     let n = listing::decode(&cs, &image.code, 0).len();
-                    // + the callback's `ret` for entry variants; the exit
+                    // + each callback's `ret` for entry variants; the exit
                     // trampoline is reached by the function's own return.
-                    let total = if v == Variant::Return { n + 1 } else { site_insns + n + 1 };
+                    let callbacks = match v {
+                        Variant::Return => 0,
+                        Variant::Entry { dispatch: Dispatch::Multi(k), .. } => k as usize,
+                        Variant::Entry { .. } => 1,
+                    };
+                    let total = if v == Variant::Return { n + 1 } else { site_insns + n + callbacks };
                     row.push_str(&format!("{total:>14}"));
                 }
                 println!("{row}");
             }
-            println!("(entry variants: site + trampoline + an empty callback's return; `return`: trampoline + the handler's return)");
+            println!("(entry variants: site + trampoline + each empty callback's return; `return`: trampoline + the handler's return)");
         }
         Cmd::Cflags { arch: a, callsite } => {
             let spec = a.load()?;
@@ -158,8 +169,8 @@ fn main() -> Result<()> {
                 match arch::lookup(a) {
                     Ok(_) => {
                         let spec = Spec::builtin(a)?;
-                        println!("{a:<8} site: {} ({}), variants: {}", spec.raw.site.enabled, spec.raw.site.flags,
-                            Variant::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join(" "));
+                        println!("{a:<8} site: {} ({}), variants: {} args-multiN regs-multiN (N = 1..{})", spec.raw.site.enabled, spec.raw.site.flags,
+                            Variant::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join(" "), Variant::MULTI_MAX);
                     }
                     Err(e) => println!("{a:<8} not available: {e}"),
                 }

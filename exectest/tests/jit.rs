@@ -378,3 +378,95 @@ fn s390x_vector_registers_and_the_condition_code_survive() {
         }
     }
 }
+
+/// `(tracer number, ops)` of each call of a [`numbered`] tracer, in order.
+static ORDER: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+/// Tracer number `N`: notes itself, then records like [`tracer`].
+unsafe extern "C" fn numbered<const N: usize>(ip: usize, parent: usize, op: *const TestOps, fregs: *mut FtraceRegs) {
+    lock(&ORDER).push((N, op as usize));
+    tracer(ip, parent, op, fregs)
+}
+
+/// A multi trampoline (Linux would walk the ops list here) calls every
+/// (func, op) pair of its words in order, all with the site's ip, the
+/// parent ip and the same fregs; arguments, the result and callee-saved
+/// registers come through as with one tracer.
+#[test]
+fn a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops() {
+    let _fx = fixture();
+    let spec = host_spec();
+    let tiers = [Tier::Args, Tier::Regs];
+    let variants: Vec<Variant> = tiers.iter().map(|t| Variant::multi(*t, 3).unwrap()).collect();
+    let jit = JitImage::install(Image::generate(spec, &variants).unwrap(), Some(addr!(tracee_two)), spec.raw.site.reach).unwrap();
+    let funcs: [Func; 3] = [numbered::<1>, numbered::<2>, numbered::<3>];
+    let ops: Vec<Box<TestOps>> = funcs.iter().zip(1..).map(|(f, tag)| Box::new(TestOps { func: *f, tag })).collect();
+    let opp: Vec<usize> = ops.iter().map(|o| &**o as *const TestOps as usize).collect();
+    for i in 0..3u8 {
+        assert!(jit.set_word(DataWord::TracerOp(i), opp[i as usize]));
+        assert!(jit.set_word(DataWord::TracerFunc(i), funcs[i as usize] as usize));
+    }
+    assert!(!jit.set_word(DataWord::TracerOp(3), 0), "a multi3 image has three pairs of words");
+    let want_order: Vec<(usize, usize)> = (1..=3).zip(opp.iter().copied()).collect();
+
+    for v in variants {
+        // Every argument reaches every tracer; the result is intact.
+        lock(&SEEN).clear();
+        lock(&ORDER).clear();
+        let f = addr!(tracee_args);
+        let got = with_site(f, jit.entry(v).unwrap(), || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        assert_eq!(got, expect_args(A, 1.5, 2.25), "{v}: result");
+        assert_eq!(*lock(&ORDER), want_order, "{v}: tracers 1, 2, 3, each with its own ops");
+        let seen = lock(&SEEN).clone();
+        assert_eq!(seen.len(), 3, "{v}");
+        for (k, s) in seen.iter().enumerate() {
+            assert_eq!(s.ip, site_of(f), "{v}: tracer {}: ip is the site", k + 1);
+            assert_eq!(s.resume, site_of(f) + spec.site_len, "{v}: tracer {}: resume after the site", k + 1);
+            assert_eq!(s.op, opp[k], "{v}: tracer {}: ops", k + 1);
+            assert_eq!((s.parent, s.sp), (seen[0].parent, seen[0].sp), "{v}: tracer {}: the same parent and fregs.sp", k + 1);
+            for (n, want) in A.iter().enumerate().take(spec.int_args.len()) {
+                assert_eq!(s.args[n], *want as u64, "{v}: tracer {}: argument {n}", k + 1);
+            }
+            assert_eq!(s.fp, [1.5, 2.25], "{v}: tracer {}: FP arguments", k + 1);
+        }
+        assert_ne!(seen[0].parent, 0);
+
+        // Callee-saved registers survive three callbacks; parent_ip is the caller.
+        lock(&SEEN).clear();
+        lock(&ORDER).clear();
+        let mut bad = u64::MAX;
+        let got = with_site(addr!(tracee_two), jit.entry(v).unwrap(), || unsafe { arch_call_checked(addr!(tracee_two), 12, 34, &mut bad) });
+        assert_eq!((got, bad), (12 * 1000 + 34, 0), "{v}: result, callee-saved registers changed (mask {bad:#x})");
+        assert_eq!(*lock(&ORDER), want_order, "{v}");
+        let caller = addr!(arch_call_checked);
+        for s in lock(&SEEN).iter() {
+            assert!(s.parent > caller && s.parent < caller + 1024, "{v}: parent_ip {:#x} not in the caller at {caller:#x}", s.parent);
+            if let Variant::Entry { tier: Tier::Regs, .. } = v {
+                assert_eq!(s.callee_saved0, Some(CALLEE_SAVED0_PATTERN[spec.name.as_str()]), "{v}: pt_regs.{}", spec.raw.abi.callee_saved[0]);
+            }
+        }
+
+        // The tracers share one fregs: the first one's redirect is seen by
+        // the later ones (their `ip` argument stays the site) and taken.
+        lock(&SEEN).clear();
+        REDIRECT.store(addr!(tracee_args_alt), SeqCst);
+        let got = with_site(f, jit.entry(v).unwrap(), || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        REDIRECT.store(0, SeqCst);
+        assert_eq!(got, -(A.iter().sum::<i64>()) - 3 - 1000, "{v}: redirected to tracee_args_alt");
+        let seen = lock(&SEEN).clone();
+        assert_eq!(seen.len(), 3, "{v}");
+        for s in &seen[1..] {
+            assert_eq!((s.ip, s.resume), (site_of(f), addr!(tracee_args_alt)), "{v}: a later tracer");
+        }
+
+        // The last tracer runs on an aligned stack too.
+        assert!(jit.set_word(DataWord::TracerFunc(2), addr!(arch_sp_probe)));
+        let before = unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) };
+        let mut bad = 0;
+        with_site(addr!(tracee_two), jit.entry(v).unwrap(), || unsafe { arch_call_checked(addr!(tracee_two), 1, 2, &mut bad) });
+        assert_eq!(unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) }, before + 1, "{v}: the probe ran");
+        let sp = unsafe { std::ptr::read_volatile(&raw const arch_probe_sp) };
+        assert_eq!(sp % 16, unsafe { arch_sp_mod() }, "{v}: third callback's sp {sp:#x} misaligned");
+        assert!(jit.set_word(DataWord::TracerFunc(2), funcs[2] as usize));
+    }
+}

@@ -31,6 +31,10 @@ pub enum RuntimeError {
     NoMemoryInReach { near: usize, size: usize, reach: u64 },
     #[error("site {addr:#x} does not hold the expected bytes (found {found:02x?})")]
     UnexpectedSiteBytes { addr: usize, found: Vec<u8> },
+    #[error("cannot patch {addr:#x}: {why}")]
+    BadPatch { addr: usize, why: String },
+    #[error("threads {tids:?} did not answer the patcher's evacuation signal within {waited_ms} ms; the round was undone")]
+    ThreadsNotAnswering { tids: Vec<i32>, waited_ms: u64 },
 }
 
 impl RuntimeError {

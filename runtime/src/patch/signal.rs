@@ -1,0 +1,279 @@
+//! The patcher's SIGTRAP handler and thread evacuation.
+//!
+//! One handler, installed once with `SA_SIGINFO`, serves two purposes:
+//!
+//! * **Breakpoints** (x86_64): a thread that runs into the `int3` the
+//!   patcher placed on a site's first byte traps here; the arch module
+//!   emulates the site's *new* instruction ([`super::arch::fixup`]).
+//! * **Evacuation**: when a site's old form is several instructions
+//!   (gcc's five 1-byte `nop`s on x86_64; the two NOP words on aarch64), a
+//!   thread may have executed its first instruction and be stopped before
+//!   the next one.  After the site's first byte/word has been replaced
+//!   (step 1), no thread can enter such an interior any more, so the
+//!   patcher asks every thread that might be inside one to run this
+//!   handler ([`evacuate`]): a signal queued with `rt_tgsigqueueinfo`
+//!   (`SI_QUEUE`, our pid, [`MAGIC`] as value).  The handler moves a
+//!   thread whose interrupted pc is inside a site back to the site's first
+//!   byte (re-running NOPs is harmless), then acknowledges.  Threads
+//!   blocked in a system call are not signalled (they can only return to
+//!   the instruction after their syscall, never into a site, and are
+//!   spared an `EINTR`); threads that block SIGTRAP are not signalled.
+//!
+//! SIGTRAP is not a real-time signal: a second one sent while one is
+//! pending is dropped.  So every invocation does both jobs, whatever its
+//! `si_code` says: the breakpoint fix-up (an `int3` trap may have been
+//! merged into our queued signal) and the evacuation acknowledgement (our
+//! queued signal may have been merged into an `int3` trap).
+//!
+//! Anything that is not ours (another `int3`, `raise(SIGTRAP)`) goes to the
+//! handler that was installed before ours, or gets the default action.
+
+use super::{arch, STATS};
+use crate::RuntimeError;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// `si_value` of our evacuation signals ("ftramp" in little-endian ASCII).
+const MAGIC: usize = 0x0000_706d_6172_7466;
+
+/// How long [`evacuate`] waits for every thread to answer.
+const EVACUATION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The kernel's `siginfo_t` as `rt_tgsigqueueinfo` fills it on 64-bit
+/// Linux (`_sifields._rt`): 128 bytes.
+#[repr(C)]
+struct QueuedInfo {
+    signo: i32,
+    errno: i32,
+    code: i32,
+    _pad: i32,
+    pid: i32,
+    uid: u32,
+    value: usize,
+    _rest: [u64; 12],
+}
+const _: () = assert!(std::mem::size_of::<QueuedInfo>() == 128);
+const _: () = assert!(std::mem::size_of::<libc::siginfo_t>() == 128);
+
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// Installs the handler (once per process).
+pub(crate) fn install() -> Result<(), RuntimeError> {
+    static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
+    let r = INSTALLED.get_or_init(|| {
+        // SAFETY: sigaction with a null new action only reads the current
+        // one into `prev`; then we install ours, whose handler is
+        // async-signal-safe (atomics, getpid/gettid, the arch fix-up).
+        unsafe {
+            let mut prev: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut prev) != 0 {
+                return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+            }
+            let _ = PREVIOUS.set(prev);
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_sigtrap as *const () as usize;
+            act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut act.sa_mask);
+            if libc::sigaction(libc::SIGTRAP, &act, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+            }
+            Ok(())
+        }
+    });
+    r.map_err(|e| RuntimeError::Os { call: "sigaction(SIGTRAP)", err: std::io::Error::from_raw_os_error(e) })
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no arguments and touches no memory.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo and ucontext for an
+    // SA_SIGINFO handler; QueuedInfo has siginfo's size and layout for the
+    // fields read; errno is this thread's.  Everything called below is
+    // async-signal-safe.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let raw = &*(info as *const QueuedInfo);
+        let ours = raw.code == libc::SI_QUEUE && raw.value == MAGIC && raw.pid == libc::getpid();
+        let trap = raw.code == libc::SI_KERNEL;
+        let consumed = arch::fixup(&mut *(ctx as *mut libc::ucontext_t), ours || trap);
+        acknowledge();
+        *libc::__errno_location() = errno;
+        if !(ours || (consumed && trap)) {
+            chain(sig, info, ctx);
+        }
+    }
+}
+
+/// Passes a SIGTRAP that is not ours to the previous disposition.
+unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let Some(prev) = PREVIOUS.get() else { return };
+    match prev.sa_sigaction {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            // Default action (core dump): restore it and re-send; the
+            // signal is blocked until this handler returns, then kills.
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            libc::syscall(libc::SYS_tgkill, libc::getpid(), gettid(), sig);
+        }
+        h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(h);
+            f(sig, info, ctx)
+        }
+        h => {
+            let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+            f(sig)
+        }
+    }
+}
+
+/// The threads of one evacuation, sorted by tid.
+struct Evacuation {
+    tids: Vec<i32>,
+    answered: Vec<std::sync::atomic::AtomicBool>,
+}
+
+static CURRENT: AtomicPtr<Evacuation> = AtomicPtr::new(std::ptr::null_mut());
+/// Handlers currently reading `CURRENT` (the list is freed only at 0).
+static READERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks this thread as answered if an evacuation is running.
+fn acknowledge() {
+    READERS.fetch_add(1, SeqCst);
+    let p = CURRENT.load(SeqCst);
+    if !p.is_null() {
+        // SAFETY: the list is freed only after CURRENT is cleared and
+        // READERS is back to 0, and we incremented READERS before loading.
+        let list = unsafe { &*p };
+        if let Ok(i) = list.tids.binary_search(&gettid()) {
+            list.answered[i].store(true, Release);
+        }
+    }
+    READERS.fetch_sub(1, SeqCst);
+}
+
+enum ThreadState {
+    Gone,
+    /// In a system call, or blocking SIGTRAP: not signalled.
+    Skip,
+    Signal,
+}
+
+fn thread_state(tid: i32) -> ThreadState {
+    let read = |what: &str| std::fs::read_to_string(format!("/proc/self/task/{tid}/{what}"));
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
+    // "running" (running or runnable), "-1 sp pc" (in the kernel but not
+    // in a syscall: e.g. a page fault — possibly inside a site) or
+    // "nr args… sp pc" (in syscall nr).  Unreadable: signal to be safe.
+    match read("syscall") {
+        Err(e) if gone(&e) => return ThreadState::Gone,
+        Ok(s) if s.split_whitespace().next().and_then(|n| n.parse::<i64>().ok()).is_some_and(|n| n >= 0) => return ThreadState::Skip,
+        _ => {}
+    }
+    let status = match read("status") {
+        Err(e) if gone(&e) => return ThreadState::Gone,
+        r => r.unwrap_or_default(),
+    };
+    let blocked = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).and_then(|m| u64::from_str_radix(m.trim(), 16).ok()).unwrap_or(0);
+    if blocked & (1 << (libc::SIGTRAP - 1)) != 0 {
+        return ThreadState::Skip;
+    }
+    ThreadState::Signal
+}
+
+fn send(pid: i32, tid: i32) -> std::io::Result<()> {
+    // SAFETY: QueuedInfo is plain data laid out as the kernel's siginfo.
+    let mut info: QueuedInfo = unsafe { std::mem::zeroed() };
+    info.signo = libc::SIGTRAP;
+    info.code = libc::SI_QUEUE;
+    info.pid = pid;
+    // SAFETY: getuid has no preconditions.
+    info.uid = unsafe { libc::getuid() };
+    info.value = MAGIC;
+    loop {
+        // SAFETY: rt_tgsigqueueinfo reads the 128-byte info we pass.
+        if unsafe { libc::syscall(libc::SYS_rt_tgsigqueueinfo, pid, tid, libc::SIGTRAP, &info as *const QueuedInfo) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(err);
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Makes sure no thread is stopped inside a site of the current round
+/// whose first byte/word has already been replaced: signals every thread
+/// that might be (see the module comment) and waits until each has run the
+/// handler or exited.  Returns how many threads were signalled.
+pub(crate) fn evacuate() -> Result<usize, RuntimeError> {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let me = gettid();
+    let dir = std::fs::read_dir("/proc/self/task").map_err(|err| RuntimeError::Os { call: "read /proc/self/task", err })?;
+    let mut tids: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&t| t != me)
+        .filter(|&t| matches!(thread_state(t), ThreadState::Signal))
+        .collect();
+    tids.sort_unstable();
+    if tids.is_empty() {
+        return Ok(0);
+    }
+    let list = Box::new(Evacuation { answered: tids.iter().map(|_| Default::default()).collect(), tids });
+    let list = Box::into_raw(list);
+    CURRENT.store(list, SeqCst);
+    // SAFETY: `list` stays valid until we free it below.
+    let l = unsafe { &*list };
+    let mut result = Ok(l.tids.len());
+    for (i, &tid) in l.tids.iter().enumerate() {
+        match send(pid, tid) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => l.answered[i].store(true, Release),
+            Err(err) => {
+                result = Err(RuntimeError::Os { call: "rt_tgsigqueueinfo(SIGTRAP)", err });
+                break;
+            }
+        }
+    }
+    STATS.evacuations.fetch_add(1, Relaxed);
+    STATS.threads_signalled.fetch_add(l.tids.len(), Relaxed);
+    let start = Instant::now();
+    let mut next_check = Duration::from_millis(1);
+    while result.is_ok() {
+        let waiting: Vec<usize> = (0..l.tids.len()).filter(|&i| !l.answered[i].load(Acquire)).collect();
+        if waiting.is_empty() {
+            break;
+        }
+        let waited = start.elapsed();
+        if waited >= next_check {
+            // A thread that exited before handling the signal never answers.
+            for &i in &waiting {
+                if !std::path::Path::new(&format!("/proc/self/task/{}", l.tids[i])).exists() {
+                    l.answered[i].store(true, Release);
+                }
+            }
+            next_check = waited * 2;
+        }
+        if waited >= EVACUATION_TIMEOUT {
+            let tids = waiting.iter().map(|&i| l.tids[i]).collect();
+            result = Err(RuntimeError::ThreadsNotAnswering { tids, waited_ms: waited.as_millis() as u64 });
+            break;
+        }
+        std::thread::yield_now();
+    }
+    CURRENT.store(std::ptr::null_mut(), SeqCst);
+    while READERS.load(SeqCst) != 0 {
+        std::hint::spin_loop();
+    }
+    // SAFETY: CURRENT no longer points to the list and no handler is
+    // reading it (READERS is 0 after CURRENT was cleared).
+    drop(unsafe { Box::from_raw(list) });
+    result
+}
