@@ -39,4 +39,52 @@ fn main() {
     b.file(c.join("tracee_callsite.c")).compile("ftramp_tracee_callsite");
     let mut b = cc::Build::new();
     b.opt_level(2).include(&c).file(c.join("harness.c")).compile("ftramp_harness");
+    build_sites(&c.join("sites"), arch, &flags("flags"), &flags("callsite_flags"));
+}
+
+/// The C side of the site-discovery tests (`tests/sites.rs`): functions
+/// linked into the test binary (plain, and with landing pads before the
+/// NOPs), and shared libraries the tests dlopen, whose paths reach the
+/// tests as `FTRAMP_SITES_*_SO`.
+fn build_sites(dir: &Path, arch: &str, flags: &[String], callsite_flags: &[String]) {
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let pads: &[&str] = match arch {
+        "x86_64" => &["-fcf-protection=full"],
+        "aarch64" => &["-mbranch-protection=standard"],
+        _ => &[],
+    };
+    let build = |file: &str, lib: &str, site: &[String], extra: &[&str]| {
+        let mut b = cc::Build::new();
+        b.opt_level(2).flag("-fno-ipa-ra").flag("-fno-inline");
+        for f in site.iter().map(String::as_str).chain(extra.iter().copied()) {
+            b.flag(f);
+        }
+        b.file(dir.join(file)).compile(lib);
+    };
+    let no_pads: &[&str] = if arch == "x86_64" { &["-fcf-protection=none"] } else { &[] };
+    build("main.c", "ftramp_sites_main", flags, no_pads);
+    build("pad.c", "ftramp_sites_pad", flags, pads);
+    build("pad_callsite.c", "ftramp_sites_pad_callsite", callsite_flags, pads);
+
+    // Shared libraries, compiled and linked by the target's C compiler.
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let shared = |file: &str, so: &str, env: &str, pic: bool, extra: &[&str]| {
+        let path = out.join(so);
+        let mut cmd = cc::Build::new().opt_level(2).pic(pic).get_compiler().to_command();
+        cmd.args(extra).arg("-shared").arg("-o").arg(&path).arg(dir.join(file));
+        let status = cmd.status().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+        assert!(status.success(), "{cmd:?} failed");
+        println!("cargo:rustc-env={env}={}", path.display());
+    };
+    let dl_flags: Vec<&str> = flags.iter().map(String::as_str).chain(no_pads.iter().copied()).collect();
+    shared("dl.c", "libftramp_sites_dl.so", "FTRAMP_SITES_DL_SO", true, &dl_flags);
+    // The same, stripped at link time (-s): .dynsym only.
+    let stripped: Vec<&str> = dl_flags.iter().copied().chain(["-s"]).collect();
+    shared("dl.c", "libftramp_sites_dl_stripped.so", "FTRAMP_SITES_DL_STRIPPED_SO", true, &stripped);
+    if arch == "x86_64" {
+        // -mnop-mcount/-mrecord-mcount need non-PIC code (DESIGN.md §2);
+        // __mcount_loc is read-only, so the .so gets text relocations.
+        let mcount = ["-fno-PIE", "-pg", "-mfentry", "-mnop-mcount", "-mrecord-mcount", "-fcf-protection=none", "-Wl,-z,notext"];
+        shared("mcount.c", "libftramp_sites_mcount.so", "FTRAMP_SITES_MCOUNT_SO", false, &mcount);
+    }
 }

@@ -4,19 +4,21 @@
 //! memory placed within branch reach of the code it serves ([`exec`]), the
 //! one place that makes modified code visible to the CPU ([`cache`]),
 //! text patching of a patch site ([`patch`]) and the `ftrace_regs` accessors
-//! ([`regs`]) that read the layout the generator used.  Site discovery, ops,
-//! fgraph and fprobe build on these.
+//! ([`regs`]) that read the layout the generator used, and site discovery
+//! ([`sites`]).  Ops, fgraph and fprobe build on these.
 //!
-//! `unsafe` lives only in `exec.rs`, `cache.rs`, `patch.rs` and `regs.rs`,
-//! each block with the reason it is sound.
+//! `unsafe` lives only in `exec.rs`, `cache.rs`, `patch.rs`, `regs.rs` and
+//! `sites/loaded.rs`, each block with the reason it is sound.
 
 pub mod cache;
 pub mod exec;
 pub mod patch;
 pub mod regs;
+pub mod sites;
 
 pub use exec::JitImage;
 pub use regs::FtraceRegs;
+pub use sites::{discover, Discovery, Site};
 
 use ftramp_codegen::{CodegenError, Spec};
 

@@ -1,0 +1,148 @@
+//! What discovery needs from a loaded object's ELF file: its `PT_LOAD`
+//! headers (to check the file is the object that is mapped), where its
+//! site tables are, and its function symbols.
+//!
+//! Read through `object`'s [`ReadCache`], so only the headers, the symbol
+//! tables and their strings are read from disk, never debug info.  Every
+//! failure becomes a [`SkipReason`]; nothing here panics on odd files.
+
+use super::loaded::Segment;
+use super::{SiteKind, SkipReason, SymbolSource};
+use object::elf;
+use object::read::elf::{ElfFile64, ProgramHeader};
+use object::read::ReadCache;
+use object::{Endianness, Object, ObjectSection, ObjectSymbol, SymbolKind};
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Section names of the site tables and the kind of site each records.
+pub(crate) const TABLES: [(&str, SiteKind); 2] =
+    [("__patchable_function_entries", SiteKind::PatchableEntry), ("__mcount_loc", SiteKind::McountLoc)];
+
+/// A site table: 8-byte addresses at link-time address `addr`.
+#[derive(Debug, Clone)]
+pub(crate) struct Table {
+    pub kind: SiteKind,
+    pub addr: u64,
+    pub size: u64,
+}
+
+/// A function symbol (link-time addresses).
+#[derive(Debug, Clone)]
+pub(crate) struct FuncSym {
+    pub start: u64,
+    pub size: u64,
+    pub name: String,
+    global: bool,
+}
+
+#[cfg(test)]
+impl FuncSym {
+    pub fn new(start: u64, size: u64, name: &str) -> FuncSym {
+        FuncSym { start, size, name: name.into(), global: true }
+    }
+}
+
+/// The parts of an ELF file discovery uses.
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    pub dev: u64,
+    pub inode: u64,
+    pub loads: Vec<Segment>,
+    pub tables: Vec<Table>,
+    /// Function symbols sorted by start, one per start address; empty when
+    /// the file has no tables (symbols are only read when needed).
+    pub symbols: Vec<FuncSym>,
+    pub symbol_source: SymbolSource,
+}
+
+/// Opens and reads `path`.
+pub(crate) fn parse(path: &Path) -> Result<Parsed, SkipReason> {
+    let file = File::open(path).map_err(|e| SkipReason::Open(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| SkipReason::Open(e.to_string()))?;
+    let cache = ReadCache::new(file);
+    let elf = ElfFile64::<Endianness, _>::parse(&cache).map_err(|e| SkipReason::NotElf(e.to_string()))?;
+    let endian = elf.endian();
+    let loads = elf
+        .elf_program_headers()
+        .iter()
+        .filter(|p| p.p_type(endian) == elf::PT_LOAD)
+        .map(|p| Segment {
+            p_type: p.p_type(endian).0,
+            flags: p.p_flags(endian).0,
+            offset: p.p_offset(endian),
+            vaddr: p.p_vaddr(endian),
+            filesz: p.p_filesz(endian),
+            memsz: p.p_memsz(endian),
+        })
+        .collect();
+    if elf.elf_section_table().is_empty() {
+        return Err(SkipReason::NoSectionHeaders);
+    }
+    let mut tables = Vec::new();
+    for section in elf.sections() {
+        let Ok(name) = section.name() else { continue };
+        if let Some((_, kind)) = TABLES.iter().find(|(n, _)| *n == name) {
+            if section.size() > 0 {
+                tables.push(Table { kind: *kind, addr: section.address(), size: section.size() });
+            }
+        }
+    }
+    let (symbols, symbol_source) = if tables.is_empty() { (Vec::new(), SymbolSource::None) } else { functions(&elf) };
+    Ok(Parsed { dev: meta.dev(), inode: meta.ino(), loads, tables, symbols, symbol_source })
+}
+
+/// Function symbols from `.symtab`, or `.dynsym` when the file is stripped.
+fn functions<'d, R: object::ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>) -> (Vec<FuncSym>, SymbolSource) {
+    let symtab = function_symbols(elf.symbols());
+    if !symtab.is_empty() {
+        return (symtab, SymbolSource::Symtab);
+    }
+    let dynsym = function_symbols(elf.dynamic_symbols());
+    if !dynsym.is_empty() {
+        return (dynsym, SymbolSource::Dynsym);
+    }
+    (Vec::new(), SymbolSource::None)
+}
+
+/// Defined function symbols, sorted by start, one per start address:
+/// among aliases prefer one with a size, then a global one, then the
+/// first name in byte order.
+fn function_symbols<'d, S: ObjectSymbol<'d>>(symbols: impl Iterator<Item = S>) -> Vec<FuncSym> {
+    let mut out: Vec<FuncSym> = symbols
+        .filter(|s| s.kind() == SymbolKind::Text && !s.is_undefined() && s.address() != 0)
+        .filter_map(|s| {
+            let name = String::from_utf8_lossy(s.name_bytes().ok()?).into_owned();
+            Some(FuncSym { start: s.address(), size: s.size(), name, global: s.is_global() })
+        })
+        .collect();
+    out.sort_by(|a, b| (a.start, a.size == 0, !a.global, &a.name).cmp(&(b.start, b.size == 0, !b.global, &b.name)));
+    out.dedup_by_key(|s| s.start);
+    out
+}
+
+/// Where a recorded site address (link-time) lies relative to the
+/// function symbols.
+pub(crate) enum Place<'a> {
+    /// Inside the function (`start <= addr < start + size`).
+    Inside(&'a FuncSym),
+    /// Before the function's symbol, by at most `max_pre` bytes: the NOPs
+    /// of -fpatchable-function-entry=N,M with M > 0.
+    Before(&'a FuncSym),
+    Unknown,
+}
+
+/// Places `addr` among `symbols` (sorted by start).
+pub(crate) fn place(symbols: &[FuncSym], addr: u64, max_pre: u64) -> Place<'_> {
+    let next = symbols.partition_point(|s| s.start <= addr);
+    if let Some(s) = next.checked_sub(1).map(|i| &symbols[i]) {
+        if addr == s.start || addr - s.start < s.size {
+            return Place::Inside(s);
+        }
+    }
+    match symbols.get(next) {
+        Some(s) if s.start - addr <= max_pre => Place::Before(s),
+        _ => Place::Unknown,
+    }
+}

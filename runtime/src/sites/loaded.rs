@@ -1,0 +1,295 @@
+//! The loader's list of loaded objects, and reads of their memory while
+//! that list cannot change.
+//!
+//! glibc's `dl_iterate_phdr` holds the loader's `dl_load_write_lock` for
+//! the whole iteration (taken recursively, so a callback may iterate
+//! again), and `dlclose` takes the same lock to unlink an object from the
+//! list *before* it unmaps the object's segments.  Hence, while a callback
+//! runs, every object the loader reports is mapped and stays mapped.
+//! [`with_loaded`] runs a closure inside such a callback with a snapshot
+//! of the list ([`LoadedSet`]); memory of a loaded object is only read
+//! through that set ([`Live::read`]), and only inside one of the object's
+//! readable `PT_LOAD` segments.  A `LoadedSet` cannot leave the closure,
+//! so no read can happen after the lock is released.
+//!
+//! The closure must not call `dlopen`/`dlclose` and must not wait for a
+//! thread that might (or that unwinds a panic: the unwinder iterates the
+//! same list), or it deadlocks.
+//!
+//! An object appears in the list before the loader has applied its
+//! relocations (glibc adds it while mapping, relocates later); callers
+//! check what they read against the object's segments (see
+//! `SkipReason::NotRelocated`).
+
+use std::ffi::CStr;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+/// One program header of a loaded object, as the loader reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub p_type: u32,
+    pub flags: u32,
+    pub offset: u64,
+    pub vaddr: u64,
+    pub filesz: u64,
+    pub memsz: u64,
+}
+
+impl Segment {
+    pub fn is_load(&self) -> bool {
+        self.p_type == libc::PT_LOAD
+    }
+    pub fn readable(&self) -> bool {
+        self.flags & libc::PF_R != 0
+    }
+    pub fn executable(&self) -> bool {
+        self.flags & libc::PF_X != 0
+    }
+}
+
+/// Identity of a loaded object between two iterations: the same name,
+/// load bias and program-header address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub name: Vec<u8>,
+    pub bias: usize,
+    pub phdr: usize,
+}
+
+/// One object of the loader's list (a copy: holding it keeps nothing
+/// mapped).
+#[derive(Debug, Clone)]
+pub(crate) struct Loaded {
+    /// `dlpi_name`: empty for the main program, a path for libraries, a
+    /// bare soname for the vDSO.
+    pub name: Vec<u8>,
+    pub bias: usize,
+    pub phdr: usize,
+    pub segments: Vec<Segment>,
+    /// The main program (its program headers are `AT_PHDR`).
+    pub is_main: bool,
+}
+
+impl Loaded {
+    pub fn key(&self) -> Key {
+        Key { name: self.name.clone(), bias: self.bias, phdr: self.phdr }
+    }
+
+    /// The `PT_LOAD` segment holding `[addr, addr + len)` in memory.
+    pub fn segment_of(&self, addr: usize, len: usize) -> Option<&Segment> {
+        let end = addr.checked_add(len)?;
+        self.segments.iter().find(|s| {
+            let start = self.bias.wrapping_add(s.vaddr as usize);
+            s.is_load() && start <= addr && end <= start.saturating_add(s.memsz as usize)
+        })
+    }
+
+    /// True if `[addr, addr + len)` lies inside one executable, readable
+    /// `PT_LOAD` segment.
+    pub fn in_text(&self, addr: usize, len: usize) -> bool {
+        self.segment_of(addr, len).is_some_and(|s| s.executable() && s.readable())
+    }
+
+    /// In-memory ranges of the executable `PT_LOAD` segments.
+    pub fn text_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.segments
+            .iter()
+            .filter(|s| s.is_load() && s.executable())
+            .map(|s| {
+                let start = self.bias.wrapping_add(s.vaddr as usize);
+                start..start.saturating_add(s.memsz as usize)
+            })
+            .collect()
+    }
+}
+
+/// The loader's list, valid only while the loader lock is held.
+pub(crate) struct LoadedSet {
+    objects: Vec<Loaded>,
+    /// `dlpi_adds` / `dlpi_subs`: objects ever loaded / unloaded.
+    pub adds: u64,
+    pub subs: u64,
+}
+
+/// An object of a [`LoadedSet`]: its memory may be read.
+#[derive(Clone, Copy)]
+pub(crate) struct Live<'a> {
+    pub obj: &'a Loaded,
+    /// Ties the borrow to the set, which only exists under the lock.
+    _set: &'a LoadedSet,
+}
+
+impl LoadedSet {
+    pub fn objects(&self) -> &[Loaded] {
+        &self.objects
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Live<'_>> {
+        self.objects.iter().map(move |obj| Live { obj, _set: self })
+    }
+}
+
+impl Live<'_> {
+    /// Reads `len` bytes at `addr`, or `None` unless the range lies inside
+    /// one readable `PT_LOAD` segment of this object.
+    pub fn read(&self, addr: usize, len: usize) -> Option<Vec<u8>> {
+        if !self.obj.segment_of(addr, len)?.readable() {
+            return None;
+        }
+        Some(
+            (0..len)
+                // SAFETY: the object is in the loader's list and the lock
+                // is held (a `Live` only exists inside `with_loaded`), so
+                // its PT_LOAD segments are mapped — the loader maps every
+                // one whole, `memsz` included — and this one is readable.
+                // Volatile byte reads: the bytes may be code that a
+                // patcher rewrites concurrently; we only copy them.
+                .map(|i| unsafe { std::ptr::read_volatile((addr + i) as *const u8) })
+                .collect(),
+        )
+    }
+}
+
+/// Runs `f` with the loader's list while the loader lock is held (see the
+/// module documentation for what `f` must not do).  A panic in `f` is
+/// carried across the C callback and resumed here.
+pub(crate) fn with_loaded<F: FnOnce(&LoadedSet) -> R, R>(f: F) -> R {
+    struct Outer<F, R> {
+        f: Option<F>,
+        result: Option<std::thread::Result<R>>,
+    }
+
+    unsafe extern "C" fn outer<F: FnOnce(&LoadedSet) -> R, R>(
+        _info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the `Outer` that `with_loaded` passed and
+        // keeps alive for the whole call; no one else accesses it.
+        let state = unsafe { &mut *(data as *mut Outer<F, R>) };
+        if let Some(f) = state.f.take() {
+            // The lock is held now; take the whole list (the nested call
+            // takes the recursive lock again) and run `f` before returning.
+            state.result = Some(catch_unwind(AssertUnwindSafe(|| {
+                let set = collect();
+                f(&set)
+            })));
+        }
+        1 // stop: `f` has run
+    }
+
+    let mut state = Outer { f: Some(f), result: None };
+    // SAFETY: `outer` matches the callback signature, and `state` outlives
+    // the call; the callback never unwinds (panics are caught).
+    unsafe { libc::dl_iterate_phdr(Some(outer::<F, R>), &mut state as *mut Outer<F, R> as *mut libc::c_void) };
+    match state.result {
+        Some(Ok(r)) => r,
+        Some(Err(panic)) => resume_unwind(panic),
+        // The loader always reports at least the main program; if it did
+        // not, there is nothing loaded to protect.
+        None => {
+            let f = state.f.take().expect("the callback did not run");
+            f(&LoadedSet { objects: Vec::new(), adds: 0, subs: 0 })
+        }
+    }
+}
+
+/// Copies the loader's list.  Call only with the loader lock held (from a
+/// `dl_iterate_phdr` callback) for the copy to mean anything.
+fn collect() -> LoadedSet {
+    let mut set = LoadedSet { objects: Vec::new(), adds: 0, subs: 0 };
+
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, size: usize, data: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `data` is the `LoadedSet` `collect` passed, alive and
+        // unaliased for the whole call.
+        let set = unsafe { &mut *(data as *mut LoadedSet) };
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: the loader passes a valid `dl_phdr_info` for the
+            // duration of the callback; `dlpi_name` is a NUL-terminated
+            // string (or null) and `dlpi_phdr` points to `dlpi_phnum`
+            // program headers inside the object's mapped image.
+            let info = unsafe { &*info };
+            let name = if info.dlpi_name.is_null() {
+                Vec::new()
+            } else {
+                // SAFETY: see above.
+                unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes().to_vec()
+            };
+            let phdrs: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() {
+                &[]
+            } else {
+                // SAFETY: see above.
+                unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
+            };
+            let segments = phdrs
+                .iter()
+                .map(|p| Segment {
+                    p_type: p.p_type,
+                    flags: p.p_flags,
+                    offset: p.p_offset,
+                    vaddr: p.p_vaddr,
+                    filesz: p.p_filesz,
+                    memsz: p.p_memsz,
+                })
+                .collect();
+            // The counters exist when the loader's struct is that large.
+            if size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + 8 {
+                set.adds = info.dlpi_adds;
+                set.subs = info.dlpi_subs;
+            }
+            set.objects.push(Loaded {
+                name,
+                bias: info.dlpi_addr as usize,
+                phdr: info.dlpi_phdr as usize,
+                segments,
+                is_main: info.dlpi_phdr as usize == main_phdr(),
+            });
+        }));
+        // A panic (allocation failure) ends the iteration; the objects
+        // collected so far are kept.
+        result.is_err() as libc::c_int
+    }
+
+    // SAFETY: `each` matches the callback signature and never unwinds;
+    // `set` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut set as *mut LoadedSet as *mut libc::c_void) };
+    set
+}
+
+/// A reference to a loaded library (`dlopen` with `RTLD_NOLOAD`), dropped
+/// with `dlclose`.
+///
+/// Taking it waits for a `dlopen` in progress on another thread (glibc
+/// holds `dl_load_lock` through mapping *and* relocation), so the object's
+/// tables are relocated once a pin is held; and the object cannot be
+/// unloaded while pinned.  If the program `dlclose`s the library meanwhile,
+/// dropping the pin is what unloads it (its destructors then run on the
+/// thread that drops the pin).
+pub(crate) struct Pin(*mut libc::c_void);
+
+impl Pin {
+    /// Pins the library named `path` if it is loaded (in the default
+    /// namespace).  The main program needs no pin.
+    pub fn new(path: &std::path::Path) -> Option<Pin> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+        // SAFETY: with RTLD_NOLOAD dlopen never loads anything (so runs no
+        // constructors): it only looks the name up and takes a reference.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        (!h.is_null()).then(|| Pin(h))
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` is a handle from a successful dlopen, closed
+        // exactly once; nothing of the library is used after this.
+        unsafe { libc::dlclose(self.0) };
+    }
+}
+
+/// The main program's program headers (`AT_PHDR`).
+fn main_phdr() -> usize {
+    // SAFETY: getauxval only reads the auxiliary vector.
+    unsafe { libc::getauxval(libc::AT_PHDR) as usize }
+}
