@@ -117,11 +117,12 @@ fn perms_at(addr: usize) -> String {
     panic!("{addr:#x} is not mapped");
 }
 
-/// Round trips of the stress tests (`FTRAMP_TOGGLES` overrides).  Fewer
-/// off x86_64: under qemu-user every code write invalidates translated
-/// blocks, and a batch costs milliseconds while four threads spin.
+/// Round trips of the stress tests, two batches each (`FTRAMP_TOGGLES`
+/// overrides).  Fewer off x86_64: under qemu-user every code write
+/// invalidates translated blocks, and a batch costs milliseconds while four
+/// threads spin.
 fn toggles() -> usize {
-    let default = if cfg!(target_arch = "x86_64") { 2000 } else { 600 };
+    let default = if cfg!(target_arch = "x86_64") { 1000 } else { 500 };
     std::env::var("FTRAMP_TOGGLES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 

@@ -153,6 +153,8 @@ pub struct Stats {
     pub threads_signalled: usize,
     /// Threads found stopped inside a site and sent back to its start.
     pub threads_moved: usize,
+    /// Threads not evacuated because they kept SIGTRAP blocked.
+    pub threads_blocking: usize,
 }
 
 pub(crate) struct Counters {
@@ -164,6 +166,7 @@ pub(crate) struct Counters {
     pub evacuations: AtomicUsize,
     pub threads_signalled: AtomicUsize,
     pub threads_moved: AtomicUsize,
+    pub threads_blocking: AtomicUsize,
 }
 
 pub(crate) static STATS: Counters = Counters {
@@ -175,6 +178,7 @@ pub(crate) static STATS: Counters = Counters {
     evacuations: AtomicUsize::new(0),
     threads_signalled: AtomicUsize::new(0),
     threads_moved: AtomicUsize::new(0),
+    threads_blocking: AtomicUsize::new(0),
 };
 
 /// A validated change, as an arch round sees it.
@@ -296,6 +300,7 @@ impl Patcher {
             evacuations: STATS.evacuations.load(Relaxed),
             threads_signalled: STATS.threads_signalled.load(Relaxed),
             threads_moved: STATS.threads_moved.load(Relaxed),
+            threads_blocking: STATS.threads_blocking.load(Relaxed),
         }
     }
 }
@@ -410,4 +415,3 @@ pub fn read_text(addr: usize, len: usize) -> Vec<u8> {
     // the patcher may be writing these bytes from another thread.
     (0..len).map(|i| unsafe { (*((addr + i) as *const AtomicU8)).load(Acquire) }).collect()
 }
-

@@ -17,7 +17,9 @@
 //!   byte (re-running NOPs is harmless), then acknowledges.  Threads
 //!   blocked in a system call are not signalled (they can only return to
 //!   the instruction after their syscall, never into a site, and are
-//!   spared an `EINTR`); threads that block SIGTRAP are not signalled.
+//!   spared an `EINTR`).  A thread that still blocks SIGTRAP after
+//!   [`BLOCKED_GRACE`] is given up on (counted in `threads_blocking`): it
+//!   could not survive an x86 `int3` either.
 //!
 //! SIGTRAP is not a real-time signal: a second one sent while one is
 //! pending is dropped.  So every invocation does both jobs, whatever its
@@ -30,7 +32,7 @@
 
 use super::{arch, STATS};
 use crate::RuntimeError;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -39,6 +41,9 @@ const MAGIC: usize = 0x0000_706d_6172_7466;
 
 /// How long [`evacuate`] waits for every thread to answer.
 const EVACUATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a thread that blocks SIGTRAP is waited for before it is
+/// assumed to block it for good (and is not evacuated).
+const BLOCKED_GRACE: Duration = Duration::from_secs(1);
 
 /// The kernel's `siginfo_t` as `rt_tgsigqueueinfo` fills it on 64-bit
 /// Linux (`_sifields._rt`): 128 bytes.
@@ -73,7 +78,7 @@ pub(crate) fn install() -> Result<(), RuntimeError> {
             let _ = PREVIOUS.set(prev);
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = on_sigtrap as *const () as usize;
-            act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+            act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
             libc::sigemptyset(&mut act.sa_mask);
             if libc::sigaction(libc::SIGTRAP, &act, std::ptr::null_mut()) != 0 {
                 return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
@@ -136,6 +141,25 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
 struct Evacuation {
     tids: Vec<i32>,
     answered: Vec<std::sync::atomic::AtomicBool>,
+    /// Threads that have not answered: a futex word, woken at 0.
+    pending: AtomicI32,
+}
+
+impl Evacuation {
+    /// Marks thread `i` as answered (once).  Async-signal-safe.
+    fn answer(&self, i: usize) {
+        if !self.answered[i].swap(true, AcqRel) && self.pending.fetch_sub(1, AcqRel) == 1 {
+            // SAFETY: FUTEX_WAKE on a word we own; it reads nothing else.
+            unsafe { libc::syscall(libc::SYS_futex, self.pending.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX) };
+        }
+    }
+
+    /// Sleeps until `pending` changes from `seen` or `timeout` passes.
+    fn wait(&self, seen: i32, timeout: Duration) {
+        let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+        // SAFETY: FUTEX_WAIT reads our futex word and the timespec.
+        unsafe { libc::syscall(libc::SYS_futex, self.pending.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, seen, &ts as *const libc::timespec) };
+    }
 }
 
 static CURRENT: AtomicPtr<Evacuation> = AtomicPtr::new(std::ptr::null_mut());
@@ -151,7 +175,7 @@ fn acknowledge() {
         // READERS is back to 0, and we incremented READERS before loading.
         let list = unsafe { &*p };
         if let Ok(i) = list.tids.binary_search(&gettid()) {
-            list.answered[i].store(true, Release);
+            list.answer(i);
         }
     }
     READERS.fetch_sub(1, SeqCst);
@@ -159,31 +183,36 @@ fn acknowledge() {
 
 enum ThreadState {
     Gone,
-    /// In a system call, or blocking SIGTRAP: not signalled.
-    Skip,
+    /// In a system call: not signalled.
+    InSyscall,
     Signal,
 }
 
+fn is_gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
 fn thread_state(tid: i32) -> ThreadState {
-    let read = |what: &str| std::fs::read_to_string(format!("/proc/self/task/{tid}/{what}"));
-    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
     // "running" (running or runnable), "-1 sp pc" (in the kernel but not
     // in a syscall: e.g. a page fault — possibly inside a site) or
     // "nr args… sp pc" (in syscall nr).  Unreadable: signal to be safe.
-    match read("syscall") {
-        Err(e) if gone(&e) => return ThreadState::Gone,
-        Ok(s) if s.split_whitespace().next().and_then(|n| n.parse::<i64>().ok()).is_some_and(|n| n >= 0) => return ThreadState::Skip,
-        _ => {}
+    // rt_sigreturn is the exception: it returns to the pc saved in the
+    // signal frame, which may be inside a site.
+    match std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")) {
+        Err(e) if is_gone(&e) => ThreadState::Gone,
+        Ok(s) if s.split_whitespace().next().and_then(|n| n.parse::<i64>().ok()).is_some_and(|n| n >= 0 && n != libc::SYS_rt_sigreturn) => ThreadState::InSyscall,
+        _ => ThreadState::Signal,
     }
-    let status = match read("status") {
-        Err(e) if gone(&e) => return ThreadState::Gone,
+}
+
+/// Whether a thread blocks SIGTRAP (None: gone).
+fn blocks_trap(tid: i32) -> Option<bool> {
+    let status = match std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) {
+        Err(e) if is_gone(&e) => return None,
         r => r.unwrap_or_default(),
     };
-    let blocked = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).and_then(|m| u64::from_str_radix(m.trim(), 16).ok()).unwrap_or(0);
-    if blocked & (1 << (libc::SIGTRAP - 1)) != 0 {
-        return ThreadState::Skip;
-    }
-    ThreadState::Signal
+    let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).and_then(|m| u64::from_str_radix(m.trim(), 16).ok()).unwrap_or(0);
+    Some(mask & (1 << (libc::SIGTRAP - 1)) != 0)
 }
 
 fn send(pid: i32, tid: i32) -> std::io::Result<()> {
@@ -226,7 +255,7 @@ pub(crate) fn evacuate() -> Result<usize, RuntimeError> {
     if tids.is_empty() {
         return Ok(0);
     }
-    let list = Box::new(Evacuation { answered: tids.iter().map(|_| Default::default()).collect(), tids });
+    let list = Box::new(Evacuation { answered: tids.iter().map(|_| Default::default()).collect(), pending: AtomicI32::new(tids.len() as i32), tids });
     let list = Box::into_raw(list);
     CURRENT.store(list, SeqCst);
     // SAFETY: `list` stays valid until we free it below.
@@ -235,7 +264,7 @@ pub(crate) fn evacuate() -> Result<usize, RuntimeError> {
     for (i, &tid) in l.tids.iter().enumerate() {
         match send(pid, tid) {
             Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => l.answered[i].store(true, Release),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => l.answer(i),
             Err(err) => {
                 result = Err(RuntimeError::Os { call: "rt_tgsigqueueinfo(SIGTRAP)", err });
                 break;
@@ -247,26 +276,37 @@ pub(crate) fn evacuate() -> Result<usize, RuntimeError> {
     let start = Instant::now();
     let mut next_check = Duration::from_millis(1);
     while result.is_ok() {
-        let waiting: Vec<usize> = (0..l.tids.len()).filter(|&i| !l.answered[i].load(Acquire)).collect();
-        if waiting.is_empty() {
+        let pending = l.pending.load(Acquire);
+        if pending == 0 {
             break;
         }
         let waited = start.elapsed();
         if waited >= next_check {
-            // A thread that exited before handling the signal never answers.
-            for &i in &waiting {
-                if !std::path::Path::new(&format!("/proc/self/task/{}", l.tids[i])).exists() {
-                    l.answered[i].store(true, Release);
+            // A thread that exited before handling the signal never
+            // answers; nor does one that blocks SIGTRAP — but every thread
+            // running our handler blocks it for a moment, so only after
+            // BLOCKED_GRACE is such a thread given up on.
+            for i in 0..l.tids.len() {
+                if l.answered[i].load(Acquire) {
+                    continue;
+                }
+                match blocks_trap(l.tids[i]) {
+                    None => l.answer(i),
+                    Some(true) if waited >= BLOCKED_GRACE => {
+                        STATS.threads_blocking.fetch_add(1, Relaxed);
+                        l.answer(i);
+                    }
+                    _ => {}
                 }
             }
             next_check = waited * 2;
         }
         if waited >= EVACUATION_TIMEOUT {
-            let tids = waiting.iter().map(|&i| l.tids[i]).collect();
+            let tids = (0..l.tids.len()).filter(|&i| !l.answered[i].load(Acquire)).map(|i| l.tids[i]).collect();
             result = Err(RuntimeError::ThreadsNotAnswering { tids, waited_ms: waited.as_millis() as u64 });
             break;
         }
-        std::thread::yield_now();
+        l.wait(pending, next_check.saturating_sub(waited).max(Duration::from_micros(100)));
     }
     CURRENT.store(std::ptr::null_mut(), SeqCst);
     while READERS.load(SeqCst) != 0 {
