@@ -48,6 +48,14 @@ fn main() {
 /// tests as `FTRAMP_SITES_*_SO`.
 fn build_sites(dir: &Path, arch: &str, flags: &[String], callsite_flags: &[String]) {
     println!("cargo:rerun-if-changed={}", dir.display());
+    // Discovery reads the compiler's site tables.  Flags that record none
+    // (ppc64le's -pg -mprofile-kernel) leave nothing to discover: the tests
+    // are compiled only with `cfg(ftramp_sites)`.
+    println!("cargo::rustc-check-cfg=cfg(ftramp_sites)");
+    if !flags.iter().any(|f| f.starts_with("-fpatchable-function-entry") || f == "-mrecord-mcount") {
+        return;
+    }
+    println!("cargo:rustc-cfg=ftramp_sites");
     let pads: &[&str] = match arch {
         "x86_64" => &["-fcf-protection=full"],
         "aarch64" => &["-mbranch-protection=standard"],

@@ -4,6 +4,10 @@
 //!
 //! Every test holds `LOCK`: some rewrite sites, and no other test may run
 //! or read a site meanwhile.
+//!
+//! Compiled where the arch's site flags record sites in a table (not on
+//! ppc64le, whose `-pg -mprofile-kernel` sites are recorded nowhere).
+#![cfg(ftramp_sites)]
 
 use ftramp_exectest::*;
 use ftramp_runtime::sites::{self, RefuseReason, SiteKind, SkipReason, SymbolSource};
@@ -334,9 +338,11 @@ fn odd_files_are_skipped_with_a_reason() {
     let replaced_path = copy_lib(&dir, "replaced.so", &orig);
     let replaced = Lib::open(&replaced_path);
     let mut bytes = orig.clone();
-    let phoff = u64::from_le_bytes(bytes[0x20..0x28].try_into().unwrap()) as usize;
-    let load = (0..).map(|i| phoff + 56 * i).find(|&p| bytes[p..p + 4] == [1, 0, 0, 0]).unwrap();
-    bytes[load + 40] ^= 0x10; // p_memsz
+    let word = |b: &[u8], at: usize| u64::from_ne_bytes(b[at..at + 8].try_into().unwrap());
+    let phoff = word(&bytes, 0x20) as usize;
+    let load = (0..).map(|i| phoff + 56 * i).find(|&p| bytes[p..p + 4] == 1u32.to_ne_bytes()).unwrap();
+    let memsz = word(&bytes, load + 40) + 0x10;
+    bytes[load + 40..load + 48].copy_from_slice(&memsz.to_ne_bytes());
     replace_file(&replaced_path, &bytes);
     // Replaced after loading by something that is not ELF.
     let garbage_path = copy_lib(&dir, "garbage.so", &orig);
