@@ -35,7 +35,9 @@
 //! on x86_64 also `-pg -mfentry -mnop-mcount -mrecord-mcount` (non-PIC
 //! code only: `-fno-PIE`; linked into a PIE or a shared library it needs
 //! text relocations, because gcc emits `__mcount_loc` read-only).  gcc has
-//! no `-mnop-mcount`/`-mrecord-mcount` for aarch64.
+//! no `-mnop-mcount`/`-mrecord-mcount` for aarch64, and ppc64le's
+//! `-pg -mprofile-kernel` sites are recorded in no table: discovery finds
+//! none there.
 //!
 //! Limits: a module closed and reopened at the same address between two
 //! refreshes keeps its identity (the same file at the same place: the
