@@ -21,7 +21,7 @@
 //!   +--------------------+ sp
 //! ```
 
-use crate::spec::{RegClass, SlotKind, Spec};
+use crate::spec::{Location, RegClass, SlotKind, Spec};
 
 /// One member of the frame structs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +56,15 @@ pub struct FrameLayout {
     /// Bytes below the structs for the callee (spec `abi.call_reserve`).
     pub call_reserve: u32,
     pub stack_alignment: u32,
+    /// Where the stack's own return-address slots can *be* the `ip` and
+    /// `return_address` members (x86_64): `Some(offset of ip)` when the
+    /// site's `call` leaves the site return address on the stack with the
+    /// traced function's return address just above it, and the spec ends
+    /// `struct ftrace_regs` with `ip, return_address` at an aligned offset.
+    /// An `args`-tier trampoline then allocates only the struct up to `ip`,
+    /// so the two members overlay the two stack slots: nothing is copied in
+    /// or written back, and a tracer's change lands where `ret` reads it.
+    pub stack_aliased_ip: Option<u32>,
 }
 
 fn align(n: u32, a: u32) -> u32 {
@@ -86,7 +95,21 @@ impl FrameLayout {
             off += size;
         }
         let pt_regs_size = align(off, 16);
+        let fregs = &slots[..spec.ftrace_regs.len()];
+        let stack_aliased_ip = match (spec.site_return, spec.parent, fregs) {
+            (Location::Stack(0), Location::Stack(8), [.., ip, ra])
+                if spec.call_reserve == 0
+                    && ip.kind == SlotKind::Ip
+                    && ra.kind == SlotKind::ReturnAddress
+                    && ra.offset == ip.offset + 8
+                    && ip.offset % spec.stack_alignment.max(16) == 0 =>
+            {
+                Some(ip.offset)
+            }
+            _ => None,
+        };
         FrameLayout {
+            stack_aliased_ip,
             slots,
             fregs_count: spec.ftrace_regs.len(),
             fregs_size,

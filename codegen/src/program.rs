@@ -456,6 +456,9 @@ fn slot_note(spec: &Spec, layout: &FrameLayout, kind: SlotKind) -> Note {
 pub fn frame_size(layout: &FrameLayout, variant: Variant) -> u32 {
     match variant {
         Variant::Entry { tier, dispatch: Dispatch::Multi(n) } if n > 1 => layout.frame_size(tier) + MULTI_SAVE_AREA,
+        Variant::Entry { tier: Tier::Args, .. } if layout.stack_aliased_ip.is_some() => {
+            layout.stack_aliased_ip.expect("checked") + layout.fregs_base()
+        }
         Variant::Entry { tier, .. } => layout.frame_size(tier),
         Variant::Return => layout.frame_size(Tier::Args),
     }
@@ -475,6 +478,11 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
     // Distance from our sp to the trampoline's entry sp.
     let entry = frame;
+    // fregs.ip / fregs.return_address are the stack slots themselves (see
+    // FrameLayout::stack_aliased_ip): nothing to copy in or write back.
+    let aliased = frame as u32 == layout.stack_aliased_ip.map(|o| o + layout.fregs_base()).unwrap_or(u32::MAX)
+        && tier == Tier::Args
+        && !matches!(dispatch, Dispatch::Multi(n) if n > 1);
     let mut s = Vec::new();
 
     // 1. Frame.
@@ -494,29 +502,12 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
     }
 
     // 3. Specials.  The parent first: on x86 both come through `t`.
-    let parent_reg = match spec.parent {
-        Location::Reg(r) => r,
-        Location::Stack(n) => {
-            s.push(Step::Load { reg: t, base: sp, off: entry + n as i32, note: Note::Text("parent return address") });
-            t
-        }
+    let site_ret = if aliased {
+        s.push(Step::Load { reg: t, base: sp, off: at(SlotKind::Ip), note: Note::Text("address after the site (= fregs.ip)") });
+        t
+    } else {
+        copy_specials(spec, &mut s, t, entry, &at, &note)
     };
-    s.push(Step::Store { reg: parent_reg, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
-    let site_ret = match spec.site_return {
-        // A special register (ppc64 `lr`) is first copied into the scratch
-        // register: reading it needs a move, and later steps (a PC-relative
-        // data load) may clobber it.
-        Location::Reg(r) if r.class == RegClass::Special => {
-            s.push(Step::AddImm { dst: t, src: r, imm: 0, note: Note::Text("address after the site") });
-            t
-        }
-        Location::Reg(r) => r,
-        Location::Stack(n) => {
-            s.push(Step::Load { reg: t, base: sp, off: entry + n as i32, note: Note::Text("address after the site") });
-            t
-        }
-    };
-    s.push(Step::Store { reg: site_ret, base: sp, off: at(SlotKind::Ip), note: note(SlotKind::Ip) });
     // The traced function's sp at its entry: the site's `call` may have
     // pushed the site return address.
     let pushed = if matches!(spec.site_return, Location::Stack(_)) { 8 } else { 0 };
@@ -573,6 +564,11 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
         }
     };
     match spec.site_return {
+        Location::Stack(_) if aliased => {
+            restore(&mut s);
+            s.push(Step::AdjustSp { delta: frame });
+            s.push(Step::Return);
+        }
         Location::Stack(n) => {
             // Return address slots first (through the scratch register),
             // then the registers, so a restored scratch stays restored.
@@ -614,6 +610,37 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
         }
     }
     s
+}
+
+/// Copies the traced function's return address and the address after the
+/// site into `fregs.return_address` / `fregs.ip`; returns the register that
+/// holds the address after the site.
+fn copy_specials(spec: &Spec, s: &mut Vec<Step>, t: Reg, entry: i32, at: &dyn Fn(SlotKind) -> i32, note: &dyn Fn(SlotKind) -> Note) -> Reg {
+    let sp = spec.sp;
+    let parent_reg = match spec.parent {
+        Location::Reg(r) => r,
+        Location::Stack(n) => {
+            s.push(Step::Load { reg: t, base: sp, off: entry + n as i32, note: Note::Text("parent return address") });
+            t
+        }
+    };
+    s.push(Step::Store { reg: parent_reg, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
+    let site_ret = match spec.site_return {
+        // A special register (ppc64 `lr`) is first copied into the scratch
+        // register: reading it needs a move, and later steps (a PC-relative
+        // data load) may clobber it.
+        Location::Reg(r) if r.class == RegClass::Special => {
+            s.push(Step::AddImm { dst: t, src: r, imm: 0, note: Note::Text("address after the site") });
+            t
+        }
+        Location::Reg(r) => r,
+        Location::Stack(n) => {
+            s.push(Step::Load { reg: t, base: sp, off: entry + n as i32, note: Note::Text("address after the site") });
+            t
+        }
+    };
+    s.push(Step::Store { reg: site_ret, base: sp, off: at(SlotKind::Ip), note: note(SlotKind::Ip) });
+    site_ret
 }
 
 fn return_steps(spec: &Spec, layout: &FrameLayout) -> Vec<Step> {
@@ -795,9 +822,31 @@ mod tests {
                 assert_eq!(frame_size(&layout, v), layout.frame_size(tier) + 16);
                 assert_eq!(steps[0], Step::AdjustSp { delta: -(frame_size(&layout, v) as i32) });
                 // One tracer needs nothing kept: the same frame as direct.
-                assert_eq!(frame_size(&layout, Variant::multi(tier, 1).unwrap()), layout.frame_size(tier));
+                assert_eq!(
+                    frame_size(&layout, Variant::multi(tier, 1).unwrap()),
+                    frame_size(&layout, Variant::Entry { tier, dispatch: Dispatch::Direct })
+                );
             }
         }
+    }
+
+    #[test]
+    fn x86_args_frames_overlay_the_return_address_slots() {
+        let spec = Spec::builtin("x86_64").unwrap();
+        let layout = FrameLayout::new(&spec);
+        let ip = layout.slot(SlotKind::Ip).unwrap().offset;
+        assert_eq!(layout.stack_aliased_ip, Some(ip));
+        let direct = Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Direct };
+        assert_eq!(frame_size(&layout, direct), ip, "fregs.ip is the site's return slot");
+        // Nothing is copied into ip/return_address or written back.
+        let st = steps(&spec, &layout, direct);
+        let touches = |off: i32| st.iter().any(|s| matches!(s, Step::Store { off: o, .. } if *o == off));
+        assert!(!touches(ip as i32) && !touches(ip as i32 + 8));
+        // The regs tier and return_to_handler keep the full struct.
+        assert_eq!(frame_size(&layout, Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Direct }), layout.frame_size(Tier::Regs));
+        assert_eq!(frame_size(&layout, Variant::Return), layout.frame_size(Tier::Args));
+        // Register-return arches never alias.
+        assert_eq!(FrameLayout::new(&Spec::builtin("aarch64").unwrap()).stack_aliased_ip, None);
     }
 
     #[test]
