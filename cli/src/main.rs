@@ -3,7 +3,27 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Dispatch, Tier, Variant};
+use std::io::Write as _;
 use std::path::PathBuf;
+
+/// `println!` that ends the program quietly when stdout is closed (a pager
+/// or `head` that stopped reading), instead of panicking.
+macro_rules! out {
+    ($($t:tt)*) => {
+        if writeln!(std::io::stdout(), $($t)*).is_err() {
+            std::process::exit(0);
+        }
+    };
+}
+
+/// `print!`, likewise.
+macro_rules! outp {
+    ($($t:tt)*) => {
+        if write!(std::io::stdout(), $($t)*).is_err() {
+            std::process::exit(0);
+        }
+    };
+}
 
 #[derive(Parser)]
 #[command(name = "ftramp", version, about = "Spec-generated ftrace trampolines for user space", long_about = None)]
@@ -128,13 +148,13 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Archs { rust_targets: true } => {
             for b in arch::all() {
-                println!("{}", Spec::builtin(b.name())?.raw.arch.rust_target);
+                out!("{}", Spec::builtin(b.name())?.raw.arch.rust_target);
             }
         }
         Cmd::Cost => {
             // Every variant, and multi dispatch with two tracers.
             let columns: Vec<Variant> = Variant::ALL.into_iter().chain(Variant::multi(Tier::Args, 2)).collect();
-            println!("{:<8} {:>6} {}", "arch", "site", columns.iter().map(|v| format!("{:>14}", v.name())).collect::<String>());
+            out!("{:<8} {:>6} {}", "arch", "site", columns.iter().map(|v| format!("{:>14}", v.name())).collect::<String>());
             for b in arch::all() {
                 let spec = Spec::builtin(b.name())?;
                 let cs = listing::disassembler(&spec)?;
@@ -155,24 +175,24 @@ fn main() -> Result<()> {
                     let total = if v == Variant::Return { n + 1 } else { site_insns + n + callbacks };
                     row.push_str(&format!("{total:>14}"));
                 }
-                println!("{row}");
+                out!("{row}");
             }
-            println!("(entry variants: site + trampoline + each empty callback's return; `return`: trampoline + the handler's return)");
+            out!("(entry variants: site + trampoline + each empty callback's return; `return`: trampoline + the handler's return)");
         }
         Cmd::Cflags { arch: a, callsite } => {
             let spec = a.load()?;
             let site = if callsite { &spec.raw.site.callsite_flags } else { &spec.raw.site.flags };
-            println!("{site} -fno-ipa-ra");
+            out!("{site} -fno-ipa-ra");
         }
         Cmd::Archs { rust_targets: false } => {
             for a in arch::KNOWN {
                 match arch::lookup(a) {
                     Ok(_) => {
                         let spec = Spec::builtin(a)?;
-                        println!("{a:<8} site: {} ({}), variants: {} args-multiN regs-multiN (N = 1..{})", spec.raw.site.enabled, spec.raw.site.flags,
+                        out!("{a:<8} site: {} ({}), variants: {} args-multiN regs-multiN (N = 1..{})", spec.raw.site.enabled, spec.raw.site.flags,
                             Variant::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join(" "), Variant::MULTI_MAX);
                     }
-                    Err(e) => println!("{a:<8} not available: {e}"),
+                    Err(e) => out!("{a:<8} not available: {e}"),
                 }
             }
         }
@@ -185,8 +205,8 @@ fn main() -> Result<()> {
             for spec in specs {
                 let vs = variants(&variant, &Variant::ALL)?;
                 let image = Image::generate(&spec, &vs)?;
-                println!("==== {} ({}) ====", spec.name, spec.file);
-                print!("{}", listing::image(&spec, &image)?);
+                out!("==== {} ({}) ====", spec.name, spec.file);
+                outp!("{}", listing::image(&spec, &image)?);
             }
         }
         Cmd::Gen { arch: a, output, header: want_header, variant, prefix } => {
@@ -199,7 +219,7 @@ fn main() -> Result<()> {
                 object::write(&spec, &image, &object::ObjectOptions { prefix })?
             };
             match output.as_deref() {
-                None => print!("{}", String::from_utf8_lossy(&bytes)),
+                None => outp!("{}", String::from_utf8_lossy(&bytes)),
                 Some(p) if p.as_os_str() == "-" => {
                     use std::io::Write;
                     std::io::stdout().write_all(&bytes)?;
