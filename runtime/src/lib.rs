@@ -12,6 +12,7 @@
 
 pub mod cache;
 pub mod exec;
+pub mod grace;
 pub mod patch;
 pub mod regs;
 pub mod sites;
