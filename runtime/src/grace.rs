@@ -463,7 +463,9 @@ fn install() -> Result<i32, GraceResult> {
             let ok = unsafe {
                 let mut act: libc::sigaction = std::mem::zeroed();
                 act.sa_sigaction = on_grace_signal as *const () as usize;
-                act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+                // SA_ONSTACK: threads with small stacks (Go, coroutines)
+                // keep an alternate signal stack for exactly this.
+                act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
                 libc::sigemptyset(&mut act.sa_mask);
                 libc::sigaction(sig, &act, std::ptr::null_mut()) == 0
             };
