@@ -140,6 +140,11 @@ impl JitImage {
         self.image.trampoline(v).map(|t| self.base + t.offset)
     }
 
+    /// The code pages.
+    pub fn code_range(&self) -> std::ops::Range<usize> {
+        self.base..self.base + self.code_len
+    }
+
     /// Start of the code.
     pub fn code_addr(&self) -> usize {
         self.base

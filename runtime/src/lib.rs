@@ -1,18 +1,25 @@
 //! ftramp-runtime: the user-space side of ftrace.
 //!
-//! For now this holds what running generated trampolines needs: executable
-//! memory placed within branch reach of the code it serves ([`exec`]), the
-//! one place that makes modified code visible to the CPU ([`cache`]),
-//! text patching of a patch site ([`patch`]) and the `ftrace_regs` accessors
-//! ([`regs`]) that read the layout the generator used, and site discovery
-//! ([`sites`]).  Ops, fgraph and fprobe build on these.
+//! * [`sites`] finds every patch site of the program and its libraries;
+//! * [`patch`] changes them while other threads run them;
+//! * [`exec`] maps generated trampolines next to the code they serve, and
+//!   [`cache`] is the one place that makes modified code visible to the CPU;
+//! * [`ops`] is `struct ftrace_ops`; [`ftrace`] is the engine that keeps
+//!   every site on the cheapest trampoline for the ops that trace it;
+//!   [`dispatch`] holds what trampolines call (thunks, the list function);
+//! * [`grace`] is the grace period that lets unregistering free safely;
+//! * [`regs`] reads `struct ftrace_regs` through the generator's layout.
 //!
-//! `unsafe` lives only in `exec.rs`, `cache.rs`, `patch.rs`, `regs.rs` and
+//! `unsafe` lives only in `exec.rs`, `cache.rs`, `patch*`, `regs.rs`,
+//! `grace.rs`, `dispatch.rs` (publishing the site table) and
 //! `sites/loaded.rs`, each block with the reason it is sound.
 
 pub mod cache;
+pub mod dispatch;
 pub mod exec;
+pub mod ftrace;
 pub mod grace;
+pub mod ops;
 pub mod patch;
 pub mod regs;
 pub mod sites;

@@ -1,0 +1,263 @@
+//! Ops on real patched functions, through the runtime's engine: filters,
+//! the dispatch chosen per site, the recursion guard, IPMODIFY, and a
+//! stress test registering and unregistering while threads call.
+//!
+//! The engine is process-wide, so the tests take a lock and leave no ops
+//! registered.
+
+use ftramp_codegen::Tier;
+use ftramp_exectest::*;
+use ftramp_runtime::ftrace::{ftrace, OpsError, SiteDispatch};
+use ftramp_runtime::ops::{Filter, Ops, OpsFlags};
+use ftramp_runtime::FtraceRegs;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+macro_rules! addr {
+    ($f:expr) => {
+        $f as *const () as usize
+    };
+}
+
+/// A counter per ops, found through `Ops::private`.
+fn counter(op: &Ops) -> &AtomicU64 {
+    // SAFETY (test): every ops in this file points `private` at a leaked
+    // AtomicU64.
+    unsafe { &*(op.private as *const AtomicU64) }
+}
+
+fn new_counter() -> usize {
+    Box::leak(Box::new(AtomicU64::new(0))) as *const AtomicU64 as usize
+}
+
+extern "C" fn count(_ip: usize, _parent: usize, op: &Ops, _fregs: &mut FtraceRegs) {
+    counter(op).fetch_add(1, SeqCst);
+}
+
+fn count_of(ops: &Arc<Ops>) -> u64 {
+    counter(ops).load(SeqCst)
+}
+
+fn counting(filter: Filter) -> Arc<Ops> {
+    Arc::new(Ops::new(count).filter(filter).private(new_counter()))
+}
+
+fn dispatch_of(f: usize) -> SiteDispatch {
+    ftrace()
+        .site_dispatch()
+        .into_iter()
+        .find(|(s, _)| s.addr - s.offset_in_symbol == f || s.addr == f)
+        .map(|(_, d)| d)
+        .unwrap_or_else(|| panic!("no site for {f:#x}"))
+}
+
+#[test]
+fn a_symbol_filter_traces_only_that_function_with_a_direct_call() {
+    let _l = lock();
+    let ops = counting(Filter::new().symbol("tracee_two"));
+    assert_eq!(ftrace().register(ops.clone()).unwrap(), 1);
+    assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::Direct { tier: Tier::Args });
+    assert_eq!(dispatch_of(addr!(tracee_fp)), SiteDispatch::Nop);
+    unsafe {
+        assert_eq!(tracee_two(3, 4), 3004);
+        assert_eq!(tracee_fp(2.0, 3.0, 1), 7.0);
+        assert_eq!(tracee_two(5, 6), 5006);
+    }
+    assert_eq!(count_of(&ops), 2);
+    ftrace().unregister(&ops).unwrap();
+    assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::Nop);
+    unsafe { tracee_two(1, 1) };
+    assert_eq!(count_of(&ops), 2, "never entered after unregister");
+    assert!(matches!(ftrace().unregister(&ops), Err(OpsError::NotRegistered(_))));
+}
+
+#[test]
+fn globs_addresses_and_notrace() {
+    let _l = lock();
+    let ops = counting(Filter::new().glob("tracee_args*").unwrap().addr(addr!(tracee_fp)));
+    let n = ftrace().register(ops.clone()).unwrap();
+    assert_eq!(n, 3, "tracee_args, tracee_args_alt, tracee_fp");
+    unsafe {
+        tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 0.0, 0.0);
+        tracee_args_alt(1, 2, 3, 4, 5, 6, 7, 8, 0.0, 0.0);
+        tracee_fp(1.0, 1.0, 1);
+        tracee_two(1, 2);
+    }
+    assert_eq!(count_of(&ops), 3);
+    ftrace().unregister(&ops).unwrap();
+
+    let ops = Arc::new(
+        Ops::new(count)
+            .filter(Filter::new().glob("tracee_*").unwrap())
+            .notrace(Filter::new().symbol("tracee_nested").glob("tracee_args*").unwrap())
+            .private(new_counter()),
+    );
+    ftrace().register(ops.clone()).unwrap();
+    assert_eq!(dispatch_of(addr!(tracee_nested)), SiteDispatch::Nop);
+    assert_eq!(dispatch_of(addr!(tracee_args)), SiteDispatch::Nop);
+    unsafe {
+        tracee_nested(3);
+        tracee_two(1, 2);
+    }
+    assert_eq!(count_of(&ops), 1);
+    ftrace().unregister(&ops).unwrap();
+}
+
+#[test]
+fn bad_filters_are_errors() {
+    let _l = lock();
+    assert!(Filter::new().glob("tracee_[").is_err());
+    assert!(Filter::new().parse("0xzz").is_err());
+    let ops = counting(Filter::new().symbol("no_such_function_anywhere"));
+    assert!(matches!(ftrace().register(ops), Err(OpsError::NoSites)));
+}
+
+#[test]
+fn shared_sites_use_the_list_and_distinct_sites_stay_direct() {
+    let _l = lock();
+    let a = counting(Filter::new().symbol("tracee_two").symbol("tracee_fp"));
+    let b = counting(Filter::new().symbol("tracee_two").symbol("tracee_nested"));
+    ftrace().register(a.clone()).unwrap();
+    ftrace().register(b.clone()).unwrap();
+    assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::List { tier: Tier::Args });
+    assert_eq!(dispatch_of(addr!(tracee_fp)), SiteDispatch::Direct { tier: Tier::Args });
+    assert_eq!(dispatch_of(addr!(tracee_nested)), SiteDispatch::Direct { tier: Tier::Args });
+    unsafe {
+        for i in 0..10 {
+            assert_eq!(tracee_two(i, 1), i * 1000 + 1);
+        }
+        tracee_fp(1.0, 2.0, 0);
+        assert_eq!(tracee_nested(2), expect_nested(2));
+    }
+    assert_eq!(count_of(&a), 11);
+    assert_eq!(count_of(&b), 13);
+    ftrace().unregister(&a).unwrap();
+    assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::Direct { tier: Tier::Args }, "back to direct");
+    unsafe { tracee_two(0, 0) };
+    assert_eq!((count_of(&a), count_of(&b)), (11, 14));
+    ftrace().unregister(&b).unwrap();
+}
+
+static SEEN_CALLEE_SAVED: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn read_regs(_ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
+    let spec = ftramp_runtime::host_spec();
+    SEEN_CALLEE_SAVED.store(fregs.register(&spec.raw.abi.callee_saved[0]).unwrap_or(0), SeqCst);
+}
+
+#[test]
+fn save_regs_selects_the_regs_tier() {
+    let _l = lock();
+    let ops = Arc::new(Ops::new(read_regs).flags(OpsFlags::SAVE_REGS).filter(Filter::new().symbol("tracee_two")));
+    ftrace().register(ops.clone()).unwrap();
+    assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::Direct { tier: Tier::Regs });
+    let mut bad = u64::MAX;
+    let r = unsafe { arch_call_checked(addr!(tracee_two), 7, 8, &mut bad) };
+    assert_eq!((r, bad), (7008, 0));
+    let seen = SEEN_CALLEE_SAVED.load(SeqCst);
+    let want = match ftramp_runtime::HOST_ARCH {
+        "x86_64" => 0x1111111111111101,
+        "aarch64" => 0x1919191919191919,
+        "riscv64" => 0x0808080808080808,
+        "s390x" => 0x0707070707070707,
+        _ => 0x1414141414141414,
+    };
+    assert_eq!(seen, want, "pt_regs holds the caller's callee-saved register");
+    // A second, args-only ops on the same site keeps the regs tier.
+    let other = counting(Filter::new().symbol("tracee_two"));
+    ftrace().register(other.clone()).unwrap();
+    assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::List { tier: Tier::Regs });
+    ftrace().unregister(&ops).unwrap();
+    assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::Direct { tier: Tier::Args });
+    ftrace().unregister(&other).unwrap();
+}
+
+extern "C" fn reenter(_ip: usize, _parent: usize, op: &Ops, _fregs: &mut FtraceRegs) {
+    counter(op).fetch_add(1, SeqCst);
+    // A traced function called from the callback.
+    unsafe { tracee_two(0, 0) };
+}
+
+#[test]
+fn the_recursion_guard_stops_a_callback_from_reentering_itself() {
+    let _l = lock();
+    let ops = Arc::new(Ops::new(reenter).flags(OpsFlags::RECURSION).filter(Filter::new().symbol("tracee_two")).private(new_counter()));
+    ftrace().register(ops.clone()).unwrap();
+    unsafe {
+        assert_eq!(tracee_two(1, 2), 1002);
+        assert_eq!(tracee_two(3, 4), 3004);
+    }
+    assert_eq!(count_of(&ops), 2, "outer calls only");
+    assert_eq!(ops.recursion_misses(), 2, "one refused inner call each");
+    ftrace().unregister(&ops).unwrap();
+}
+
+extern "C" fn redirect(_ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
+    fregs.set_instruction_pointer(addr!(tracee_args_alt));
+}
+
+#[test]
+fn ipmodify_redirects_and_a_second_one_is_refused() {
+    let _l = lock();
+    let ops = Arc::new(Ops::new(redirect).flags(OpsFlags::IPMODIFY).filter(Filter::new().symbol("tracee_args")));
+    ftrace().register(ops.clone()).unwrap();
+    let r = unsafe { tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 1.0, 2.0) };
+    assert_eq!(r, -(36) - 3 - 1000, "continued in tracee_args_alt");
+    let second = Arc::new(Ops::new(redirect).flags(OpsFlags::IPMODIFY).filter(Filter::new().glob("tracee_arg*").unwrap()));
+    match ftrace().register(second) {
+        Err(OpsError::IpModifyConflict { site }) => assert!(site.contains("tracee_args"), "{site}"),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    // A plain ops may share the site.
+    let plain = counting(Filter::new().symbol("tracee_args"));
+    ftrace().register(plain.clone()).unwrap();
+    unsafe { tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 1.0, 2.0) };
+    assert_eq!(count_of(&plain), 1);
+    ftrace().unregister(&plain).unwrap();
+    ftrace().unregister(&ops).unwrap();
+    let r = unsafe { tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 1.0, 2.0) };
+    assert_eq!(r, expect_args([1, 2, 3, 4, 5, 6, 7, 8], 1.0, 2.0));
+}
+
+#[test]
+fn stress_register_unregister_while_threads_call() {
+    let _l = lock();
+    let whole = counting(Filter::new().symbol("tracee_two"));
+    ftrace().register(whole.clone()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (stop, calls) = (stop.clone(), calls.clone());
+            std::thread::spawn(move || {
+                let mut n = 0usize;
+                while !stop.load(SeqCst) {
+                    let r = unsafe { tracee_two(t, n as i64) };
+                    assert_eq!(r, t * 1000 + n as i64);
+                    n += 1;
+                }
+                calls.fetch_add(n, SeqCst);
+            })
+        })
+        .collect();
+    let rounds = if cfg!(target_arch = "x86_64") { 400 } else { 100 };
+    for i in 0..rounds {
+        let f = if i % 2 == 0 { Filter::new().symbol("tracee_two") } else { Filter::new().glob("tracee_*").unwrap() };
+        let churn = counting(f);
+        ftrace().register(churn.clone()).unwrap();
+        ftrace().unregister(&churn).unwrap();
+    }
+    stop.store(true, SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    ftrace().unregister(&whole).unwrap();
+    assert_eq!(count_of(&whole) as usize, calls.load(SeqCst), "the whole-run ops saw every call");
+    assert_eq!(ftrace().quarantined(), 0);
+}

@@ -1,0 +1,368 @@
+//! The engine: registered ops, the trampoline each site uses, and the
+//! changes that keep the two in step.
+//!
+//! Per site the cheapest trampoline wins (issue #4, DESIGN §3.5):
+//!
+//! | ops tracing the site | site calls |
+//! |---|---|
+//! | none | nothing: the NOPs stay |
+//! | one | a `direct` trampoline of that ops (its thunk and ops in data words; no list walk) |
+//! | several | the `list` trampoline, whose [`dispatch::list_func`] looks the site up |
+//!
+//! The `regs` tier is used where an ops on the site asked for `SAVE_REGS`,
+//! `args` elsewhere.  Trampolines live in [`JitImage`]s allocated next to
+//! each module's text (within the site's branch reach): one list image per
+//! module, one direct image per (module, ops, tier).
+//!
+//! Order of a change (so no thread ever reaches freed memory):
+//! registering builds images and publishes the new site table *before*
+//! patching sites to them; unregistering patches sites away and publishes
+//! the table *first*, then waits for a grace period ([`crate::grace`]), and
+//! only then frees the ops' images and drops the runtime's reference to the
+//! ops.  Objects whose grace period cannot be established (a thread that
+//! never answers) are quarantined, never freed under a running thread.
+
+use crate::dispatch::{self, SiteTable};
+use crate::exec::JitImage;
+use crate::ops::{Ops, OpsFlags};
+use crate::patch::{Patcher, SiteChange};
+use crate::sites::{Discovery, ModuleId, Refused, Site};
+use crate::{grace, host_spec, RuntimeError};
+use ftramp_codegen::{arch, image::Image, DataWord, Dispatch, Tier, Variant};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Why an ops could not be registered.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error("ops {0:#x} is already registered")]
+    AlreadyRegistered(usize),
+    #[error("ops {0:#x} is not registered")]
+    NotRegistered(usize),
+    #[error("{site} is already traced by an IPMODIFY ops; at most one may redirect a function")]
+    IpModifyConflict { site: String },
+    #[error("the ops matches no patchable site")]
+    NoSites,
+    #[error("cannot (un)register from inside a callback")]
+    FromCallback,
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// What a site does now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SiteDispatch {
+    Nop,
+    /// A direct trampoline of one ops.
+    Direct { tier: Tier },
+    /// The list trampoline.
+    List { tier: Tier },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Target {
+    dispatch: SiteDispatch,
+    /// Trampoline address (0 for `Nop`).
+    addr: usize,
+}
+
+const NOP: Target = Target { dispatch: SiteDispatch::Nop, addr: 0 };
+
+struct SiteState {
+    module: ModuleId,
+    nop: Vec<u8>,
+    current: Target,
+}
+
+#[derive(Default)]
+struct ModuleImages {
+    list: Option<JitImage>,
+    /// Keyed by (ops address, tier).
+    direct: HashMap<(usize, Tier), JitImage>,
+}
+
+#[derive(Default)]
+struct State {
+    discovery: Option<Discovery>,
+    ops: Vec<Arc<Ops>>,
+    sites: BTreeMap<usize, SiteState>,
+    images: HashMap<ModuleId, ModuleImages>,
+    /// Things whose grace period could not be established.
+    quarantine: Vec<Box<dyn Send>>,
+}
+
+/// The process-wide ftrace.
+pub struct Ftrace {
+    state: Mutex<State>,
+}
+
+/// The ftrace of this process.
+pub fn ftrace() -> &'static Ftrace {
+    static F: OnceLock<Ftrace> = OnceLock::new();
+    F.get_or_init(|| Ftrace { state: Mutex::new(State::default()) })
+}
+
+fn tier_of(ops: &[Arc<Ops>]) -> Tier {
+    if ops.iter().any(|o| o.get_flags().contains(OpsFlags::SAVE_REGS)) {
+        Tier::Regs
+    } else {
+        Tier::Args
+    }
+}
+
+impl Ftrace {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>, OpsError> {
+        if grace::dispatch_depth() > 0 {
+            return Err(OpsError::FromCallback);
+        }
+        Ok(self.state.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Registers `ops`: every site it traces starts calling it.
+    pub fn register(&self, ops: Arc<Ops>) -> Result<usize, OpsError> {
+        let mut st = self.lock()?;
+        let key = Arc::as_ptr(&ops) as usize;
+        if st.ops.iter().any(|o| Arc::as_ptr(o) as usize == key) {
+            return Err(OpsError::AlreadyRegistered(key));
+        }
+        st.refresh()?;
+        let d = st.discovery.as_ref().expect("refreshed");
+        let matched: Vec<&Site> = d.sites().filter(|s| ops.traces(s)).collect();
+        if matched.is_empty() {
+            return Err(OpsError::NoSites);
+        }
+        if ops.get_flags().contains(OpsFlags::IPMODIFY) {
+            for s in &matched {
+                if st.ops.iter().any(|o| o.get_flags().contains(OpsFlags::IPMODIFY) && o.traces(s)) {
+                    return Err(OpsError::IpModifyConflict { site: s.to_string() });
+                }
+            }
+        }
+        let n = matched.len();
+        ops.entry.store(dispatch::entry_for(ops.get_flags()), std::sync::atomic::Ordering::Release);
+        st.ops.push(ops);
+        if let Err(e) = st.apply() {
+            // Leave things as they were.
+            st.ops.pop();
+            let _ = st.apply();
+            return Err(e.into());
+        }
+        Ok(n)
+    }
+
+    /// Unregisters `ops`.  When this returns, its callback is never entered
+    /// again and no thread is inside it.
+    pub fn unregister(&self, ops: &Arc<Ops>) -> Result<(), OpsError> {
+        let mut st = self.lock()?;
+        let key = Arc::as_ptr(ops) as usize;
+        let Some(i) = st.ops.iter().position(|o| Arc::as_ptr(o) as usize == key) else {
+            return Err(OpsError::NotRegistered(key));
+        };
+        let removed = st.ops.remove(i);
+        st.refresh()?;
+        let old_table = st.apply()?;
+        // Free what only the removed ops used, after a grace period.
+        let mut dead: Vec<Box<dyn Send>> = vec![Box::new(removed)];
+        let mut dead_code = Vec::new();
+        if let Some(t) = old_table {
+            dead.push(Box::new(SendTable(t)));
+        }
+        for imgs in st.images.values_mut() {
+            let keys: Vec<_> = imgs.direct.keys().filter(|(o, _)| *o == key).copied().collect();
+            for k in keys {
+                if let Some(img) = imgs.direct.remove(&k) {
+                    dead_code.push(img.code_range());
+                    dead.push(Box::new(img));
+                }
+            }
+        }
+        st.retire(dead, dead_code);
+        Ok(())
+    }
+
+    /// Re-reads the loaded modules (after `dlopen`/`dlclose`) and re-applies
+    /// every registered ops to them.
+    pub fn refresh(&self) -> Result<(), OpsError> {
+        let mut st = self.lock()?;
+        st.refresh()?;
+        let old = st.apply()?;
+        if let Some(t) = old {
+            st.retire(vec![Box::new(SendTable(t))], Vec::new());
+        }
+        Ok(())
+    }
+
+    /// Every site and what it does now.
+    pub fn site_dispatch(&self) -> Vec<(Site, SiteDispatch)> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = st.discovery.as_ref() else { return Vec::new() };
+        d.sites().map(|s| (s.clone(), st.sites.get(&s.addr).map(|x| x.current.dispatch).unwrap_or(SiteDispatch::Nop))).collect()
+    }
+
+    /// Sites that were found but refused (bytes not the expected NOPs).
+    pub fn refused(&self) -> Vec<Refused> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.discovery.as_ref().map(|d| d.refused().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Objects kept because their grace period could not be established.
+    pub fn quarantined(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).quarantine.len()
+    }
+}
+
+struct SendTable(#[allow(dead_code)] Box<SiteTable>);
+// SAFETY: the table only holds Arc<Ops> (Ops is Send+Sync: atomics and
+// plain data) and addresses; it is moved to another owner, never shared.
+unsafe impl Send for SendTable {}
+
+impl State {
+    fn refresh(&mut self) -> Result<(), RuntimeError> {
+        match &mut self.discovery {
+            None => self.discovery = Some(crate::sites::discover()?),
+            Some(d) => {
+                let changes = d.refresh()?;
+                for m in changes.removed {
+                    // Unmapped: forget its sites without touching them; its
+                    // images may still be running a callback: retire them.
+                    self.sites.retain(|_, s| s.module != m.id);
+                    if let Some(imgs) = self.images.remove(&m.id) {
+                        self.quarantine.push(Box::new(imgs));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for a grace period, then drops `dead`; quarantines it instead
+    /// if some thread could not be confirmed outside dispatch.
+    fn retire(&mut self, dead: Vec<Box<dyn Send>>, dead_code: Vec<Range<usize>>) {
+        // A thread is not quiescent while it runs trampoline code (live or
+        // being retired) or the first bytes of a thunk, before the thunk
+        // has marked it as inside dispatch.
+        let ranges: Vec<Range<usize>> = self
+            .images
+            .values()
+            .flat_map(|m| m.list.iter().chain(m.direct.values()))
+            .map(|i| i.code_range())
+            .chain(dead_code)
+            .chain(dispatch::thunk_prologues())
+            .collect();
+        if grace::synchronize(&ranges).is_ok() {
+            drop(dead);
+            // Anything quarantined earlier is safe now too.
+            self.quarantine.clear();
+        } else {
+            self.quarantine.extend(dead);
+        }
+    }
+
+    fn list_image(&mut self, module: ModuleId, near: usize) -> Result<&JitImage, RuntimeError> {
+        let imgs = self.images.entry(module).or_default();
+        if imgs.list.is_none() {
+            let spec = host_spec();
+            let image = Image::generate(
+                spec,
+                &[Variant::Entry { tier: Tier::Args, dispatch: Dispatch::List }, Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::List }, Variant::Return],
+            )?;
+            let jit = JitImage::install(image, Some(near), spec.raw.site.reach)?;
+            jit.set_word(DataWord::ListFunc, dispatch::list_func as *const () as usize);
+            jit.set_word(DataWord::FunctionTraceOp, 0);
+            imgs.list = Some(jit);
+        }
+        Ok(imgs.list.as_ref().expect("just made"))
+    }
+
+    fn direct_image(&mut self, module: ModuleId, near: usize, ops: &Arc<Ops>, tier: Tier) -> Result<&JitImage, RuntimeError> {
+        let key = (Arc::as_ptr(ops) as usize, tier);
+        let imgs = self.images.entry(module).or_default();
+        if let std::collections::hash_map::Entry::Vacant(slot) = imgs.direct.entry(key) {
+            let spec = host_spec();
+            let image = Image::generate(spec, &[Variant::Entry { tier, dispatch: Dispatch::Direct }])?;
+            let jit = JitImage::install(image, Some(near), spec.raw.site.reach)?;
+            jit.set_word(DataWord::DirectOp, Arc::as_ptr(ops) as usize);
+            jit.set_word(DataWord::DirectFunc, ops.entry.load(std::sync::atomic::Ordering::Acquire));
+            slot.insert(jit);
+        }
+        Ok(&imgs.direct[&key])
+    }
+
+    /// Brings every site in line with the registered ops.  Returns the site
+    /// table it replaced (to be freed after a grace period).
+    fn apply(&mut self) -> Result<Option<Box<SiteTable>>, RuntimeError> {
+        let spec = host_spec();
+        let backend = arch::lookup(&spec.name)?;
+        let d = self.discovery.take().expect("refreshed");
+        let result = (|| {
+            let mut table = SiteTable::default();
+            let mut want: Vec<(usize, ModuleId, Target)> = Vec::new();
+            for site in d.sites() {
+                let ops: Vec<Arc<Ops>> = self.ops.iter().filter(|o| o.traces(site)).cloned().collect();
+                let near = site.addr;
+                let target = match ops.len() {
+                    0 => NOP,
+                    1 => {
+                        let tier = tier_of(&ops);
+                        let img = self.direct_image(site.module, near, &ops[0], tier)?;
+                        Target { dispatch: SiteDispatch::Direct { tier }, addr: img.entry(Variant::Entry { tier, dispatch: Dispatch::Direct }).expect("made") }
+                    }
+                    _ => {
+                        let tier = tier_of(&ops);
+                        let img = self.list_image(site.module, near)?;
+                        Target { dispatch: SiteDispatch::List { tier }, addr: img.entry(Variant::Entry { tier, dispatch: Dispatch::List }).expect("made") }
+                    }
+                };
+                // The list function must know the site's ops while the site
+                // may call the list trampoline: when it will (target), and
+                // while it still may (current), until it is patched away.
+                let was_list = self.sites.get(&site.addr).is_some_and(|s| matches!(s.current.dispatch, SiteDispatch::List { .. }));
+                if matches!(target.dispatch, SiteDispatch::List { .. }) || was_list {
+                    table.entries.push((site.addr, ops.clone()));
+                }
+                want.push((site.addr, site.module, target));
+            }
+            table.entries.sort_by_key(|e| e.0);
+            // New table first, so list trampolines find their ops as soon
+            // as a site reaches them.
+            let old = dispatch::publish(table);
+            let mut changes = Vec::new();
+            for (addr, module, target) in &want {
+                let st = self.sites.entry(*addr).or_insert_with(|| SiteState {
+                    module: *module,
+                    nop: crate::patch::read_text(*addr, spec.site_len),
+                    current: NOP,
+                });
+                if st.current == *target {
+                    continue;
+                }
+                let bytes = |t: &Target| -> Result<Vec<u8>, RuntimeError> {
+                    Ok(if t.addr == 0 { st.nop.clone() } else { backend.site_call(*addr as u64, t.addr as u64)? })
+                };
+                changes.push(SiteChange::new(*addr, bytes(&st.current)?, bytes(target)?));
+            }
+            if !changes.is_empty() {
+                let report = Patcher::apply(&changes)?;
+                let refused: std::collections::HashSet<usize> = report.refused.iter().filter_map(refused_addr).collect();
+                for (addr, _, target) in &want {
+                    if !refused.contains(addr) {
+                        if let Some(s) = self.sites.get_mut(addr) {
+                            s.current = *target;
+                        }
+                    }
+                }
+            }
+            Ok(old)
+        })();
+        self.discovery = Some(d);
+        result
+    }
+}
+
+fn refused_addr(e: &RuntimeError) -> Option<usize> {
+    match e {
+        RuntimeError::UnexpectedSiteBytes { addr, .. } | RuntimeError::BadPatch { addr, .. } => Some(*addr),
+        _ => None,
+    }
+}
