@@ -9,6 +9,11 @@
 //! | one | a `direct` trampoline of that ops (its thunk and ops in data words; no list walk) |
 //! | several | the `list` trampoline, whose [`dispatch::list_func`] looks the site up |
 //!
+//! (The generator also makes `multiN` trampolines that call N ops from
+//! their own data words without a list walk.  The engine does not use them
+//! yet: the grace period counts one dispatch guard per pass through a
+//! trampoline, and a multi trampoline would take N.)
+//!
 //! The `regs` tier is used where an ops on the site asked for `SAVE_REGS`,
 //! `args` elsewhere.  Trampolines live in [`JitImage`]s allocated next to
 //! each module's text (within the site's branch reach): one list image per
@@ -220,7 +225,13 @@ unsafe impl Send for SendTable {}
 impl State {
     fn refresh(&mut self) -> Result<(), RuntimeError> {
         match &mut self.discovery {
-            None => self.discovery = Some(crate::sites::discover()?),
+            None => {
+                let d = crate::sites::discover()?;
+                // The cheapest NOP for every site not yet in use (Linux's
+                // ftrace_init_nop), before any site's bytes are recorded.
+                crate::sites::optimize_nops(&d)?;
+                self.discovery = Some(d);
+            }
             Some(d) => {
                 let changes = d.refresh()?;
                 for m in changes.removed {
@@ -230,6 +241,9 @@ impl State {
                     if let Some(imgs) = self.images.remove(&m.id) {
                         self.quarantine.push(Box::new(imgs));
                     }
+                }
+                if !changes.added.is_empty() {
+                    crate::sites::optimize_nops(d)?;
                 }
             }
         }
