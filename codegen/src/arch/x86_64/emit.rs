@@ -114,9 +114,22 @@ impl Emitter for X64Emitter {
     }
 
     fn restore_flags(&mut self, off: i32, _scratch: Reg) -> Result<(), CodegenError> {
-        // `push m64` computes its address before the decrement.
+        // The arithmetic flags only, without `popfq` (microcoded, ~20
+        // cycles): OF first (`add al, 0x7f` overflows exactly when al is 1),
+        // then SF ZF AF PF CF from the saved low byte with `sahf`, which
+        // leaves OF alone.  DF is clear at every call and return by the ABI;
+        // the system flags cannot change in user mode.  Clobbers rax, which
+        // the regs tier reloads from its slot right after.
         let d = Self::disp(off)?;
-        dynasm!(self.ops ; .arch x64 ; push QWORD [rsp + d] ; popfq);
+        let d1 = Self::disp(off + 1)?;
+        dynasm!(self.ops ; .arch x64
+            ; movzx eax, BYTE [rsp + d1] // flags bits 8..15; OF is bit 11
+            ; shr al, 3
+            ; and al, 1
+            ; add al, 0x7f
+            ; mov ah, BYTE [rsp + d]
+            ; sahf
+        );
         Ok(())
     }
 
