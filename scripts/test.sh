@@ -50,8 +50,11 @@ if ((native_only == 0)); then
     # The JIT path on each foreign arch this build has a backend for.
     for t in $(cargo run -q --locked -p ftramp -- archs --rust-targets); do
         [[ "$t" == "$(rustc -vV | sed -n 's/^host: //p')" ]] && continue
-        log "JIT tests for $t under qemu-user"
-        cargo test --locked -p ftramp-exectest --target "$t"
+        log "runtime and JIT tests for $t under qemu-user"
+        pkgs=(-p ftramp-exectest -p ftramp-runtime)
+        # The ops engine (live patching) and its sample exist for aarch64 too.
+        [[ "$t" == aarch64-* ]] && pkgs+=(-p ftrace-ops)
+        cargo test --locked "${pkgs[@]}" --target "$t"
     done
 fi
 log "all tests passed"

@@ -13,7 +13,7 @@ use std::process::Command;
 
 /// The rows: (name, config).
 pub fn rows() -> Vec<(&'static str, Config)> {
-    let base = Config { calls: 0, relevant: 1, irrelevant: 0, save_regs: false, recursion: false, count: false };
+    let base = Config { calls: 0, relevant: 1, irrelevant: 0, save_regs: false, recursion: false, count: false, expect: None };
     vec![
         ("untraced", Config { relevant: 0, ..base }),
         ("1 ops", base),
