@@ -284,6 +284,9 @@ impl State {
             let jit = JitImage::install(image, Some(near), spec.raw.site.reach)?;
             jit.set_word(DataWord::ListFunc, dispatch::list_func as *const () as usize);
             jit.set_word(DataWord::FunctionTraceOp, 0);
+            // Its return_to_handler is fgraph's (fgraph itself uses one
+            // process-wide copy that is never freed).
+            jit.set_word(DataWord::ReturnHandler, crate::fgraph::ftrace_return_to_handler as *const () as usize);
             imgs.list = Some(jit);
         }
         Ok(imgs.list.as_ref().expect("just made"))

@@ -8,15 +8,17 @@
 //!   every site on the cheapest trampoline for the ops that trace it;
 //!   [`dispatch`] holds what trampolines call (thunks, the list function);
 //! * [`grace`] is the grace period that lets unregistering free safely;
-//! * [`regs`] reads `struct ftrace_regs` through the generator's layout.
+//! * [`regs`] reads `struct ftrace_regs` through the generator's layout;
+//! * [`fgraph`] is function-graph tracing (entry + return, shadow stacks).
 //!
 //! `unsafe` lives only in `exec.rs`, `cache.rs`, `patch*`, `regs.rs`,
-//! `grace.rs`, `dispatch.rs` (publishing the site table) and
-//! `sites/loaded.rs`, each block with the reason it is sound.
+//! `grace.rs`, `dispatch.rs` (publishing the site table), `fgraph.rs`
+//! (the per-thread shadow stacks) and `sites/loaded.rs`, each block with the reason it is sound.
 
 pub mod cache;
 pub mod dispatch;
 pub mod exec;
+pub mod fgraph;
 pub mod ftrace;
 pub mod grace;
 pub mod ops;

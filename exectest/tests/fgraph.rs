@@ -1,0 +1,357 @@
+//! fgraph on real patched functions, modelled on the kernel's fgraph
+//! selftests: users storing and checking their own data between entry and
+//! return, a local value passed from entry to exit, depths, return values
+//! seen and changed, entry refusing the return, shadow-stack overflow,
+//! threads, and longjmp out of traced calls.
+//!
+//! fgraph is process-wide: the tests take a lock and leave no user
+//! registered.
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+
+use ftramp_exectest::*;
+use ftramp_runtime::fgraph::{self, Fgraph, FgraphError, GraphEnt, GraphRet};
+use ftramp_runtime::ops::Filter;
+use ftramp_runtime::FtraceRegs;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+extern "C" {
+    fn tracee_jmp_driver(n: i64) -> i64;
+    fn tracee_jmp_loop(iters: i64, n: i64) -> i64;
+}
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Per-user counters, found through `Fgraph::private`.
+#[derive(Default)]
+struct Stats {
+    entries: AtomicU64,
+    rets: AtomicU64,
+    bad: AtomicU64,
+    /// Set the return value to this (i64::MIN: leave it).
+    set_ret: AtomicI64,
+    /// Entry returns false when argument 0 equals this.
+    refuse_arg: AtomicI64,
+    /// (depth at entry, n) for tracee_nested, in order.
+    depths: Mutex<Vec<(usize, usize, i64)>>,
+    /// (calltime, rettime) of the last return.
+    times: Mutex<(u64, u64)>,
+}
+
+fn new_stats() -> &'static Stats {
+    let s: &'static Stats = Box::leak(Box::default());
+    s.set_ret.store(i64::MIN, SeqCst);
+    s.refuse_arg.store(i64::MIN, SeqCst);
+    s
+}
+
+fn stats(g: &Fgraph) -> &'static Stats {
+    // SAFETY (test): every user in this file points `private` at a leaked Stats.
+    unsafe { &*(g.private as *const Stats) }
+}
+
+/// Each user's token: distinct per user, per function and per argument.
+fn token(g: &Fgraph, func: usize, arg: u64) -> u64 {
+    (g.private as u64).rotate_left(17) ^ func as u64 ^ arg.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Reserves a block whose size depends on the user, fills it from the
+/// token and the argument, checks it all at return.
+extern "C" fn data_entry(ent: &GraphEnt, g: &Fgraph, fregs: &mut FtraceRegs) -> bool {
+    let s = stats(g);
+    s.entries.fetch_add(1, SeqCst);
+    let arg = fregs.argument(0).unwrap();
+    if arg as i64 == s.refuse_arg.load(SeqCst) {
+        return false;
+    }
+    let size = 8 + (g.private >> 4) % 200;
+    let Some(d) = ent.reserve_data(size) else {
+        s.bad.fetch_add(1, SeqCst);
+        return false;
+    };
+    if d.len() != size || d.iter().any(|b| *b != 0) {
+        s.bad.fetch_add(1, SeqCst);
+    }
+    let t = token(g, ent.func, arg);
+    d[..8].copy_from_slice(&t.to_ne_bytes());
+    for (i, b) in d[8..].iter_mut().enumerate() {
+        *b = (t as u8).wrapping_add(i as u8);
+    }
+    s.depths.lock().unwrap().push((ent.depth, ent.func, arg as i64));
+    true
+}
+
+extern "C" fn data_ret(ret: &GraphRet, g: &Fgraph, fregs: &mut FtraceRegs) {
+    let s = stats(g);
+    s.rets.fetch_add(1, SeqCst);
+    *s.times.lock().unwrap() = (ret.calltime, ret.rettime);
+    let Some(d) = ret.retrieve_data() else {
+        s.bad.fetch_add(1, SeqCst);
+        return;
+    };
+    let t = u64::from_ne_bytes(d[..8].try_into().unwrap());
+    // The argument register is clobbered by now: find it from the token
+    // by checking the whole block instead.
+    let ok = d.len() == 8 + (g.private >> 4) % 200 && d[8..].iter().enumerate().all(|(i, b)| *b == (t as u8).wrapping_add(i as u8));
+    if !ok {
+        s.bad.fetch_add(1, SeqCst);
+    }
+    // The token is the one of this call: find the entry with this depth.
+    let depths = s.depths.lock().unwrap();
+    if !depths.iter().any(|(dep, f, a)| *dep == ret.depth && *f == ret.func && token(g, *f, *a as u64) == t) {
+        s.bad.fetch_add(1, SeqCst);
+    }
+    drop(depths);
+    let v = s.set_ret.load(SeqCst);
+    if v != i64::MIN {
+        fregs.set_return_value(v as u64);
+    }
+}
+
+fn user(filter: Filter) -> (Arc<Fgraph>, &'static Stats) {
+    let s = new_stats();
+    (Arc::new(Fgraph::new(data_entry, data_ret).filter(filter).private(s as *const Stats as usize)), s)
+}
+
+#[test]
+fn two_users_keep_their_own_data() {
+    let _l = lock();
+    let f = || Filter::new().symbol("tracee_nested").symbol("tracee_two");
+    let (a, sa) = user(f());
+    let (b, sb) = user(f().symbol("tracee_args"));
+    fgraph::register_fgraph(a.clone()).unwrap();
+    fgraph::register_fgraph(b.clone()).unwrap();
+    assert!(matches!(fgraph::register_fgraph(a.clone()), Err(FgraphError::AlreadyRegistered)));
+    unsafe {
+        assert_eq!(tracee_nested(6), expect_nested(6));
+        assert_eq!(tracee_two(3, 4), 3004);
+        assert_eq!(tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 0.5, 0.25), expect_args([1, 2, 3, 4, 5, 6, 7, 8], 0.5, 0.25));
+    }
+    assert_eq!(fgraph::depth(), 0);
+    fgraph::unregister_fgraph(&a).unwrap();
+    fgraph::unregister_fgraph(&b).unwrap();
+    assert!(matches!(fgraph::unregister_fgraph(&b), Err(FgraphError::NotRegistered)));
+    unsafe { tracee_two(1, 1) };
+    assert_eq!((sa.entries.load(SeqCst), sa.rets.load(SeqCst), sa.bad.load(SeqCst)), (8, 8, 0));
+    assert_eq!((sb.entries.load(SeqCst), sb.rets.load(SeqCst), sb.bad.load(SeqCst)), (9, 9, 0));
+}
+
+#[test]
+fn depths_and_a_local_value_from_entry_to_exit() {
+    let _l = lock();
+    let (a, s) = user(Filter::new().symbol("tracee_nested"));
+    fgraph::register_fgraph(a.clone()).unwrap();
+    unsafe { assert_eq!(tracee_nested(4), expect_nested(4)) };
+    fgraph::unregister_fgraph(&a).unwrap();
+    let d = s.depths.lock().unwrap();
+    let seen: Vec<(usize, i64)> = d.iter().map(|(dep, _, n)| (*dep, *n)).collect();
+    assert_eq!(seen, vec![(0, 4), (1, 3), (2, 2), (3, 1), (4, 0)]);
+    assert_eq!((s.rets.load(SeqCst), s.bad.load(SeqCst)), (5, 0));
+    // Timestamps were taken (this user does not skip them).
+    let (c, r) = *s.times.lock().unwrap();
+    assert!(c != 0 && c <= r, "calltime {c} rettime {r}");
+}
+
+#[test]
+fn return_values_are_seen_and_changed_and_entry_can_refuse_the_return() {
+    let _l = lock();
+    let (a, s) = user(Filter::new().symbol("tracee_two"));
+    s.set_ret.store(42, SeqCst);
+    s.refuse_arg.store(5, SeqCst);
+    fgraph::register_fgraph(a.clone()).unwrap();
+    unsafe {
+        assert_eq!(tracee_two(3, 4), 42, "changed by the ret callback");
+        assert_eq!(tracee_two(5, 4), 5004, "entry refused: no ret callback");
+    }
+    fgraph::unregister_fgraph(&a).unwrap();
+    assert_eq!((s.entries.load(SeqCst), s.rets.load(SeqCst), s.bad.load(SeqCst)), (2, 1, 0));
+    unsafe { assert_eq!(tracee_two(3, 4), 3004) };
+}
+
+static SKIP_TIMES: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+extern "C" fn plain_entry(_e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    true
+}
+
+extern "C" fn times_ret(r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {
+    SKIP_TIMES.lock().unwrap().push((r.calltime, r.rettime));
+}
+
+#[test]
+fn skip_timestamp_reads_no_clock() {
+    let _l = lock();
+    SKIP_TIMES.lock().unwrap().clear();
+    let u = Arc::new(Fgraph::new(plain_entry, times_ret).filter(Filter::new().symbol("tracee_two")).skip_timestamp(true));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    unsafe { assert_eq!(tracee_two(1, 2), 1002) };
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(*SKIP_TIMES.lock().unwrap(), vec![(0, 0)]);
+}
+
+static UNWOUND: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+extern "C" fn unwind_entry(e: &GraphEnt, _g: &Fgraph, f: &mut FtraceRegs) -> bool {
+    if f.argument(0) == Some(0) {
+        let rth = fgraph::return_to_handler().unwrap();
+        let mut idx = 0;
+        let mut v = UNWOUND.lock().unwrap();
+        for _ in 0..e.depth {
+            v.push(fgraph::ret_addr_nth(&mut idx, rth));
+        }
+    }
+    true
+}
+
+extern "C" fn nop_ret(_r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {}
+
+#[test]
+fn hijacked_return_addresses_map_back_for_unwinders() {
+    let _l = lock();
+    UNWOUND.lock().unwrap().clear();
+    let u = Arc::new(Fgraph::new(unwind_entry, nop_ret).filter(Filter::new().symbol("tracee_nested")));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    unsafe { assert_eq!(tracee_nested(3), expect_nested(3)) };
+    fgraph::unregister_fgraph(&u).unwrap();
+    let v = UNWOUND.lock().unwrap().clone();
+    assert_eq!(v.len(), 3);
+    let rth = fgraph::return_to_handler().unwrap();
+    let f = tracee_nested as *const () as usize;
+    // Innermost first: the two inner returns land in tracee_nested, the
+    // outermost in this test.
+    assert!(v.iter().all(|a| *a != rth && *a != 0));
+    assert_eq!(v[0], v[1]);
+    assert!(v[0] > f && v[0] < f + 256, "{:#x} not in tracee_nested at {f:#x}", v[0]);
+    assert!(!(v[2] > f && v[2] < f + 256));
+    // Not hijacked: unchanged.
+    assert_eq!(fgraph::ret_addr(0x1234, 0), 0x1234);
+}
+
+static SMALL: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3]; // entries, rets, bad
+
+/// Reserves 8 bytes holding the depth; the return checks them.
+extern "C" fn small_entry(e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    SMALL[0].fetch_add(1, SeqCst);
+    match e.reserve_data(8) {
+        Some(d) => {
+            d.copy_from_slice(&(e.depth as u64 ^ 0x5a5a).to_ne_bytes());
+            true
+        }
+        None => {
+            SMALL[2].fetch_add(1, SeqCst);
+            false
+        }
+    }
+}
+
+extern "C" fn small_ret(r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {
+    SMALL[1].fetch_add(1, SeqCst);
+    if r.retrieve_data().map(|d| u64::from_ne_bytes(d.try_into().unwrap())) != Some(r.depth as u64 ^ 0x5a5a) {
+        SMALL[2].fetch_add(1, SeqCst);
+    }
+}
+
+#[test]
+fn shadow_stack_overflow_counts_misses_and_results_stay_right() {
+    let _l = lock();
+    SMALL.iter().for_each(|c| c.store(0, SeqCst));
+    let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_nested")));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    let before = fgraph::misses();
+    // A fresh thread gets a tiny stack: 64 words hold 9 frames of 7 words
+    // (4 fixed, 8 bytes of data and its header, the frame header).
+    fgraph::set_stack_words(64);
+    let (r, misses, depth) = std::thread::spawn(|| {
+        let r = unsafe { tracee_nested(40) };
+        (r, fgraph::thread_misses(), fgraph::depth())
+    })
+    .join()
+    .unwrap();
+    fgraph::set_stack_words(0);
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(r, expect_nested(40));
+    assert_eq!(depth, 0);
+    assert_eq!(fgraph::thread_misses(), 0, "another thread's misses are its own");
+    assert!(fgraph::misses() >= before + misses);
+    let [e, ret, bad] = [0, 1, 2].map(|i| SMALL[i].load(SeqCst));
+    assert_eq!((e, ret, bad, misses), (9, 9, 0, 41 - 9));
+}
+
+#[test]
+fn threads_have_their_own_shadow_stacks() {
+    let _l = lock();
+    let (a, s) = user(Filter::new().symbol("tracee_nested"));
+    fgraph::register_fgraph(a.clone()).unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..200 {
+                    let n = (t + i) % 12;
+                    assert_eq!(unsafe { tracee_nested(n) }, expect_nested(n));
+                }
+                fgraph::depth()
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 0);
+    }
+    fgraph::unregister_fgraph(&a).unwrap();
+    assert_eq!(s.bad.load(SeqCst), 0);
+    assert_eq!(s.entries.load(SeqCst), s.rets.load(SeqCst));
+    assert!(s.entries.load(SeqCst) > 800);
+}
+
+static JMP_RETS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn count_ret(_r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {
+    JMP_RETS.fetch_add(1, SeqCst);
+}
+
+#[test]
+fn longjmp_out_of_traced_calls_resynchronises() {
+    let _l = lock();
+    let untraced = unsafe { (tracee_jmp_driver(5), tracee_jmp_loop(50, 3)) };
+    assert_eq!(untraced, (1405, 50 * 1403));
+    JMP_RETS.store(0, SeqCst);
+    let u = Arc::new(Fgraph::new(plain_entry, count_ret).filter(Filter::new().glob("tracee_jmp_*").unwrap()).skip_timestamp(true));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    let stale = fgraph::stale_frames();
+    let misses = fgraph::misses();
+    let traced = unsafe { (tracee_jmp_driver(5), tracee_jmp_loop(50, 3)) };
+    let depth = fgraph::depth();
+    // Many iterations on a thread with a small stack: a leak would overflow.
+    fgraph::set_stack_words(128);
+    let (r, d, m) = std::thread::spawn(|| (unsafe { tracee_jmp_loop(500, 4) }, fgraph::depth(), fgraph::thread_misses())).join().unwrap();
+    fgraph::set_stack_words(0);
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(traced, untraced);
+    assert_eq!((r, d, m), (500 * 1404, 0, 0));
+    assert_eq!(depth, 0, "no frame leaks");
+    assert_eq!(fgraph::misses(), misses);
+    // Driver(5): deep(5..0) = 6 frames dropped; loop(50, 3): 4 per iteration.
+    assert!(fgraph::stale_frames() - stale >= 6 + 50 * 4);
+    // Returns seen: driver + add (1 + 1), loop + 50 * (driver + add), and
+    // 500 * 2 + 1 in the thread.
+    assert_eq!(JMP_RETS.load(SeqCst), 2 + 1 + 100 + 1001);
+}
+
+#[test]
+fn at_most_sixteen_users() {
+    let _l = lock();
+    let users: Vec<_> = (0..fgraph::MAX_USERS).map(|_| user(Filter::new().symbol("tracee_two"))).collect();
+    for (u, _) in &users {
+        fgraph::register_fgraph(u.clone()).unwrap();
+    }
+    let (extra, _) = user(Filter::new().symbol("tracee_two"));
+    assert!(matches!(fgraph::register_fgraph(extra), Err(FgraphError::Full)));
+    unsafe { assert_eq!(tracee_two(2, 3), 2003) };
+    for (u, s) in &users {
+        fgraph::unregister_fgraph(u).unwrap();
+        assert_eq!((s.entries.load(SeqCst), s.rets.load(SeqCst), s.bad.load(SeqCst)), (1, 1, 0));
+    }
+}

@@ -1,0 +1,823 @@
+//! `fgraph`: function-graph tracing, the user-space `kernel/trace/fgraph.c`.
+//!
+//! Up to [`MAX_USERS`] [`Fgraph`] users see every traced call at entry and
+//! (when their entry callback asks for it) at return.  The first user
+//! registers one internal [`Ops`] with the engine; its callback pushes a
+//! frame on the calling thread's *shadow stack* and points the traced
+//! function's return address at `return_to_handler` (a generated
+//! `Variant::Return` trampoline), which calls [`ftrace_return_to_handler`]:
+//! it pops the frame, calls the users' `ret` callbacks and hands back the
+//! real return address.
+//!
+//! # Shadow stack words
+//!
+//! One array of `u64` per thread ([`stack_words`], one page by default),
+//! growing upwards.  A frame:
+//!
+//! ```text
+//!   index          word
+//!   fb + 0        RET       the real return address
+//!   fb + 1        FUNC      the traced function's patch site (GraphEnt::func)
+//!   fb + 2        SP        the traced function's sp at entry (FtraceRegs::stack_pointer)
+//!   fb + 3        CALLTIME  ns, CLOCK_MONOTONIC (0 when every user skips timestamps)
+//!   fb + 4 ...    data blocks, one per reserve_data() call, in call order:
+//!                   [ ceil(bytes/8) data words ][ DATA header ]
+//!   fb + off      FRAME header (top of the frame; `off` = its distance from fb)
+//!   fb + off + 1  next frame / free (`top`)
+//!
+//!   FRAME header                                   DATA header
+//!   63         32 31      16 15  12 11     2 1 0   63    16 15  12 11     2 1 0
+//!  ┌─────────────┬──────────┬──────┬────────┬───┐ ┌────────┬──────┬────────┬───┐
+//!  │ epoch       │ bitmap   │  0   │ off    │ 1 │ │   0    │ user │ bytes  │ 2 │
+//!  └─────────────┴──────────┴──────┴────────┴───┘ └────────┴──────┴────────┴───┘
+//! ```
+//!
+//! *bitmap*: the users (slot indexes) whose `ret` runs at return.
+//! *epoch*: the registration epoch when the frame was pushed; a slot whose
+//! user registered later (a slot reused after an unregister) is skipped at
+//! return, so a new user never sees a frame it did not enter.  Popping reads
+//! the top word, so every frame is found from `top` alone; data blocks are
+//! found by walking the DATA headers down from the FRAME header.  Unlike
+//! Linux, no pointer packing: words are plain `u64`s.
+//!
+//! # Resynchronising (longjmp, exceptions)
+//!
+//! Frames record the traced function's stack pointer at entry.  Stacks grow
+//! down, so a frame whose recorded sp is *below* the sp of a new entry, or
+//! below the entry-sp of a returning function, belongs to a call that was
+//! left without returning (`longjmp`, `siglongjmp`, an exception or a
+//! panic unwinding through it).  Rule: such frames are **dropped** — their
+//! `ret` callbacks are not called — and counted ([`stale_frames`]).  A frame
+//! with the *same* sp as a new entry is stale too unless the new call's
+//! return address is `return_to_handler` (a tail call from a traced
+//! function keeps its caller's hijacked return address and sp).
+//! Limitation: a signal handler running on an alternate stack
+//! (`sigaltstack`) *above* the thread stack would see every frame as stale;
+//! handlers on the thread stack are fine.
+//!
+//! # Guards and counters
+//!
+//! A per-thread busy flag is the recursion guard: a traced function called
+//! from a callback (or from a signal handler that interrupted fgraph
+//! itself) is not traced and is counted in [`recursion_misses`].  A frame
+//! that does not fit counts a miss ([`misses`], [`thread_misses`]) and the
+//! call runs untraced.  After the stack exists nothing allocates, so a
+//! signal handler calling traced functions nests its frames above the
+//! interrupted ones.  The stack is `mmap`ed on the thread's first traced
+//! call and unmapped when the thread exits; a `fork` child keeps a copy.
+//!
+//! # Filters
+//!
+//! The internal ops traces the union of the users' filters (every function
+//! if any user's filter is empty).  With several users, a per-site bitmap
+//! (sorted table, binary search) says which users trace the calling site;
+//! with one user its callbacks are called directly, no table, no loop.
+//! Changing the set of users re-registers the internal ops: calls made
+//! during that window are not traced.
+
+use crate::exec::JitImage;
+use crate::ftrace::{ftrace, OpsError};
+use crate::grace::{self, DispatchGuard};
+use crate::ops::{Filter, Ops};
+use crate::regs::FtraceRegs;
+use crate::{host_spec, RuntimeError};
+use ftramp_codegen::spec::Location;
+use ftramp_codegen::{image::Image, DataWord, Variant};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Users registered at once (bits of the FRAME bitmap).
+pub const MAX_USERS: usize = 16;
+/// Largest `reserve_data` block, in bytes.
+pub const DATA_MAX: usize = 256;
+
+/// The shadow-stack word format (see the module docs).
+mod word {
+    pub const TYPE_BITS: u32 = 2;
+    pub const TYPE_FRAME: u64 = 1;
+    pub const TYPE_DATA: u64 = 2;
+    pub const OFF_SHIFT: u32 = TYPE_BITS;
+    pub const OFF_BITS: u32 = 10;
+    pub const USER_SHIFT: u32 = OFF_SHIFT + OFF_BITS;
+    pub const USER_BITS: u32 = 4;
+    pub const BITMAP_SHIFT: u32 = 16;
+    pub const BITMAP_BITS: u32 = 16;
+    pub const EPOCH_SHIFT: u32 = 32;
+
+    /// Fixed words at the bottom of a frame.
+    pub const RET: usize = 0;
+    pub const FUNC: usize = 1;
+    pub const SP: usize = 2;
+    pub const CALLTIME: usize = 3;
+    pub const FIXED: usize = 4;
+
+    const fn mask(bits: u32) -> u64 {
+        (1 << bits) - 1
+    }
+
+    pub const fn frame(off: usize, bitmap: u16, epoch: u32) -> u64 {
+        TYPE_FRAME | (off as u64) << OFF_SHIFT | (bitmap as u64) << BITMAP_SHIFT | (epoch as u64) << EPOCH_SHIFT
+    }
+    pub const fn data(bytes: usize, user: usize) -> u64 {
+        TYPE_DATA | (bytes as u64) << OFF_SHIFT | (user as u64) << USER_SHIFT
+    }
+    pub const fn kind(w: u64) -> u64 {
+        w & mask(TYPE_BITS)
+    }
+    /// FRAME: distance from the frame base; DATA: block size in bytes.
+    pub const fn off(w: u64) -> usize {
+        ((w >> OFF_SHIFT) & mask(OFF_BITS)) as usize
+    }
+    pub const fn user(w: u64) -> usize {
+        ((w >> USER_SHIFT) & mask(USER_BITS)) as usize
+    }
+    pub const fn bitmap(w: u64) -> u16 {
+        ((w >> BITMAP_SHIFT) & mask(BITMAP_BITS)) as u16
+    }
+    pub const fn epoch(w: u64) -> u32 {
+        (w >> EPOCH_SHIFT) as u32
+    }
+    pub const fn data_words(bytes: usize) -> usize {
+        bytes.div_ceil(8)
+    }
+}
+
+/// The largest frame: fixed words, one full data block (+ header) per
+/// user, the FRAME header.
+pub const MAX_FRAME_WORDS: usize = word::FIXED + MAX_USERS * (word::data_words(DATA_MAX) + 1) + 1;
+
+const _: () = {
+    assert!(MAX_USERS <= word::BITMAP_BITS as usize);
+    assert!(MAX_USERS <= 1 << word::USER_BITS);
+    assert!(MAX_FRAME_WORDS < 1 << word::OFF_BITS);
+    assert!(DATA_MAX < 1 << word::OFF_BITS);
+    assert!(word::USER_SHIFT + word::USER_BITS <= word::BITMAP_SHIFT);
+    assert!(word::BITMAP_SHIFT + word::BITMAP_BITS <= word::EPOCH_SHIFT);
+    // Round trips of the extreme values.
+    let f = word::frame(MAX_FRAME_WORDS, u16::MAX, u32::MAX);
+    assert!(word::kind(f) == word::TYPE_FRAME && word::off(f) == MAX_FRAME_WORDS);
+    assert!(word::bitmap(f) == u16::MAX && word::epoch(f) == u32::MAX);
+    let d = word::data(DATA_MAX, MAX_USERS - 1);
+    assert!(word::kind(d) == word::TYPE_DATA && word::off(d) == DATA_MAX && word::user(d) == MAX_USERS - 1);
+};
+
+/// What an entry callback gets (`struct ftrace_graph_ent`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GraphEnt {
+    /// The traced function's patch site.
+    pub func: usize,
+    /// Frames of this thread below this call on the shadow stack.
+    pub depth: usize,
+}
+
+/// What a return callback gets (`struct ftrace_graph_ret`); the return
+/// value is in the `FtraceRegs` (`return_value`, `set_return_value`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GraphRet {
+    pub func: usize,
+    pub depth: usize,
+    /// ns, CLOCK_MONOTONIC; 0 when every user skips timestamps.
+    pub calltime: u64,
+    pub rettime: u64,
+}
+
+/// Entry callback: `false` = do not call `ret` for this call.
+pub type EntryFunc = extern "C" fn(&GraphEnt, &Fgraph, &mut FtraceRegs) -> bool;
+/// Return callback.
+pub type RetFunc = extern "C" fn(&GraphRet, &Fgraph, &mut FtraceRegs);
+
+/// An fgraph user (`struct fgraph_ops`).
+pub struct Fgraph {
+    entry: EntryFunc,
+    ret: RetFunc,
+    filter: Filter,
+    skip_timestamp: bool,
+    /// User data.
+    pub private: usize,
+}
+
+impl Fgraph {
+    pub fn new(entry: EntryFunc, ret: RetFunc) -> Fgraph {
+        Fgraph { entry, ret, filter: Filter::new(), skip_timestamp: false, private: 0 }
+    }
+    /// The functions traced (empty: all).
+    pub fn filter(mut self, filter: Filter) -> Fgraph {
+        self.filter = filter;
+        self
+    }
+    /// No clock reads for this user (`calltime`/`rettime` may be 0).
+    pub fn skip_timestamp(mut self, skip: bool) -> Fgraph {
+        self.skip_timestamp = skip;
+        self
+    }
+    pub fn private(mut self, private: usize) -> Fgraph {
+        self.private = private;
+        self
+    }
+}
+
+/// Why an fgraph user could not be (un)registered.
+#[derive(Debug, thiserror::Error)]
+pub enum FgraphError {
+    #[error("{MAX_USERS} fgraph users are registered already")]
+    Full,
+    #[error("this fgraph user is already registered")]
+    AlreadyRegistered,
+    #[error("this fgraph user is not registered")]
+    NotRegistered,
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+// ---------------------------------------------------------------------------
+// Global state: user slots (read by callbacks), the registry (writers).
+
+static SLOTS: [AtomicPtr<Fgraph>; MAX_USERS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_USERS];
+/// Epoch at which each slot's user was registered.
+static SLOT_EPOCH: [AtomicU32; MAX_USERS] = [const { AtomicU32::new(0) }; MAX_USERS];
+static EPOCH: AtomicU32 = AtomicU32::new(0);
+/// 1 + the slot of the only user, or 0 (none, or several).
+static SINGLE: AtomicUsize = AtomicUsize::new(0);
+static TIMESTAMPS: AtomicBool = AtomicBool::new(false);
+/// Per-site user bitmaps (several users only): sorted by site address.
+static MASKS: AtomicPtr<Vec<(usize, u16)>> = AtomicPtr::new(std::ptr::null_mut());
+/// The `return_to_handler` trampoline's address.
+static RETURN_TO_HANDLER: AtomicUsize = AtomicUsize::new(0);
+
+static MISSES: AtomicU64 = AtomicU64::new(0);
+static RECURSION_MISSES: AtomicU64 = AtomicU64::new(0);
+static STALE: AtomicU64 = AtomicU64::new(0);
+static STACK_WORDS: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Default)]
+struct Registry {
+    users: [Option<Arc<Fgraph>>; MAX_USERS],
+    ops: Option<Arc<Ops>>,
+}
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
+    R.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets the size (in `u64` words) of shadow stacks created from now on
+/// (threads that already have one keep theirs).  At least
+/// `word::FIXED + 2`; 0 restores the default (one page).
+pub fn set_stack_words(words: usize) {
+    STACK_WORDS.store(if words == 0 { 0 } else { words.max(word::FIXED + 2) }, Relaxed);
+}
+
+/// The size of shadow stacks created from now on, in words.
+pub fn stack_words() -> usize {
+    match STACK_WORDS.load(Relaxed) {
+        0 => crate::exec::page_size() / 8,
+        n => n,
+    }
+}
+
+/// Calls left untraced because the shadow stack was full (all threads).
+pub fn misses() -> u64 {
+    MISSES.load(Relaxed)
+}
+
+/// Traced calls skipped by the recursion guard (all threads).
+pub fn recursion_misses() -> u64 {
+    RECURSION_MISSES.load(Relaxed)
+}
+
+/// Frames dropped by resynchronisation (calls left by longjmp & co).
+pub fn stale_frames() -> u64 {
+    STALE.load(Relaxed)
+}
+
+/// The address traced functions return to while hijacked.
+pub fn return_to_handler() -> Result<usize, RuntimeError> {
+    static IMG: OnceLock<Result<JitImage, String>> = OnceLock::new();
+    // The image is never freed: a hijacked return may reach it at any time.
+    let img = IMG.get_or_init(|| {
+        let spec = host_spec();
+        let make = || -> Result<JitImage, RuntimeError> {
+            let image = Image::generate(spec, &[Variant::Return])?;
+            let jit = JitImage::install(image, None, spec.raw.site.reach)?;
+            jit.set_word(DataWord::ReturnHandler, ftrace_return_to_handler as *const () as usize);
+            Ok(jit)
+        };
+        let r = make().map_err(|e| e.to_string());
+        if let Ok(j) = &r {
+            RETURN_TO_HANDLER.store(j.entry(Variant::Return).expect("made"), Release);
+        }
+        r
+    });
+    match img {
+        Ok(j) => Ok(j.entry(Variant::Return).expect("made")),
+        Err(e) => Err(RuntimeError::BadPatch { addr: 0, why: format!("return_to_handler: {e}") }),
+    }
+}
+
+/// How much the stack pointer rises between a function's entry and its
+/// return: the size of a return address the call pushed on the stack.
+fn ret_sp_delta() -> usize {
+    static D: OnceLock<usize> = OnceLock::new();
+    *D.get_or_init(|| if matches!(host_spec().parent, Location::Stack(_)) { 8 } else { 0 })
+}
+
+/// Registers `user`.
+pub fn register_fgraph(user: Arc<Fgraph>) -> Result<(), FgraphError> {
+    if grace::dispatch_depth() > 0 {
+        return Err(OpsError::FromCallback.into());
+    }
+    return_to_handler()?;
+    let _ = ret_sp_delta();
+    let mut r = registry();
+    if r.users.iter().flatten().any(|u| Arc::ptr_eq(u, &user)) {
+        return Err(FgraphError::AlreadyRegistered);
+    }
+    let slot = r.users.iter().position(Option::is_none).ok_or(FgraphError::Full)?;
+    let epoch = EPOCH.fetch_add(1, Relaxed).wrapping_add(1);
+    SLOT_EPOCH[slot].store(epoch, Relaxed);
+    SLOTS[slot].store(Arc::as_ptr(&user) as *mut Fgraph, Release);
+    r.users[slot] = Some(user);
+    if let Err(e) = rebuild(&mut r) {
+        SLOTS[slot].store(std::ptr::null_mut(), Release);
+        r.users[slot] = None;
+        let _ = rebuild(&mut r);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Unregisters `user`: when this returns its callbacks are not running
+/// and are never called again (pending returns skip it).
+pub fn unregister_fgraph(user: &Arc<Fgraph>) -> Result<(), FgraphError> {
+    if grace::dispatch_depth() > 0 {
+        return Err(OpsError::FromCallback.into());
+    }
+    let mut r = registry();
+    let slot = r.users.iter().position(|u| u.as_ref().is_some_and(|u| Arc::ptr_eq(u, user))).ok_or(FgraphError::NotRegistered)?;
+    SLOTS[slot].store(std::ptr::null_mut(), Release);
+    let removed = r.users[slot].take();
+    let res = rebuild(&mut r);
+    // Return handlers may still hold it: free after a grace period.
+    let _ = grace::defer_free(removed, &[]);
+    res
+}
+
+/// Re-registers the internal ops for the current users.
+fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
+    let users: Vec<(usize, &Arc<Fgraph>)> = r.users.iter().enumerate().filter_map(|(i, u)| u.as_ref().map(|u| (i, u))).collect();
+    if let Some(old) = r.ops.take() {
+        ftrace().unregister(&old)?;
+    }
+    TIMESTAMPS.store(users.iter().any(|(_, u)| !u.skip_timestamp), Relaxed);
+    SINGLE.store(if users.len() == 1 { users[0].0 + 1 } else { 0 }, Release);
+    if users.is_empty() {
+        return Ok(());
+    }
+    // Discovery happens on the engine's first use.
+    ftrace().refresh()?;
+    let mut masks: Vec<(usize, u16)> = Vec::new();
+    for (site, _) in ftrace().site_dispatch() {
+        let m = users.iter().filter(|(_, u)| u.filter.is_empty() || u.filter.matches(&site)).fold(0u16, |m, (i, _)| m | 1 << i);
+        if m != 0 {
+            masks.push((site.addr, m));
+        }
+    }
+    masks.sort_unstable();
+    let filter = if users.iter().any(|(_, u)| u.filter.is_empty()) {
+        Filter::new()
+    } else {
+        masks.iter().fold(Filter::new(), |f, (a, _)| f.addr(*a))
+    };
+    let old = MASKS.swap(Box::into_raw(Box::new(masks)), AcqRel);
+    if !old.is_null() {
+        // SAFETY: every pointer in MASKS came from Box::into_raw above and
+        // the swap hands the old one back exactly once.
+        let old = unsafe { Box::from_raw(old) };
+        let _ = grace::defer_free(old, &[]);
+    }
+    let ops = Arc::new(Ops::new(graph_entry).filter(filter));
+    ftrace().register(ops.clone())?;
+    r.ops = Some(ops);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Per-thread shadow stack.
+
+struct Shadow {
+    stack: Cell<*mut u64>,
+    len: Cell<usize>,
+    top: Cell<usize>,
+    depth: Cell<usize>,
+    busy: Cell<bool>,
+    misses: Cell<u64>,
+    /// While an entry callback runs: its user, and the frame base.
+    cur_user: Cell<usize>,
+    /// While a return callback runs: the frame base and its FRAME header
+    /// index (data blocks lie between).
+    ret_base: Cell<usize>,
+    ret_head: Cell<usize>,
+    /// While entry callbacks run: the base of the frame being built (the
+    /// end of the complete frames); `usize::MAX` otherwise.
+    building: Cell<usize>,
+}
+
+impl Shadow {
+    const fn new() -> Shadow {
+        Shadow {
+            stack: Cell::new(std::ptr::null_mut()),
+            len: Cell::new(0),
+            top: Cell::new(0),
+            depth: Cell::new(0),
+            busy: Cell::new(false),
+            misses: Cell::new(0),
+            cur_user: Cell::new(0),
+            ret_base: Cell::new(0),
+            ret_head: Cell::new(0),
+            building: Cell::new(usize::MAX),
+        }
+    }
+
+    /// Maps the stack on first use (mmap: async-signal-safe).
+    fn ensure(&self) -> bool {
+        if !self.stack.get().is_null() {
+            return true;
+        }
+        let words = stack_words();
+        // SAFETY: a fresh anonymous mapping aliases nothing.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), words * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return false;
+        }
+        self.stack.set(p as *mut u64);
+        self.len.set(words);
+        true
+    }
+
+    fn get(&self, i: usize) -> u64 {
+        debug_assert!(i < self.len.get());
+        // SAFETY: `i < len` (callers keep every index below `top <= len`)
+        // and the mapping lives as long as the thread's Shadow.
+        unsafe { self.stack.get().add(i).read() }
+    }
+
+    fn set(&self, i: usize, v: u64) {
+        debug_assert!(i < self.len.get());
+        // SAFETY: as in `get`; only this thread touches its stack.
+        unsafe { self.stack.get().add(i).write(v) }
+    }
+
+    fn ptr(&self, i: usize) -> *mut u64 {
+        // SAFETY: in bounds, as in `get`.
+        unsafe { self.stack.get().add(i) }
+    }
+
+    /// The base of the frame whose FRAME header is at `top - 1`.
+    fn top_frame(&self) -> Option<(usize, u64)> {
+        let top = self.top.get();
+        if top == 0 {
+            return None;
+        }
+        let h = self.get(top - 1);
+        debug_assert_eq!(word::kind(h), word::TYPE_FRAME);
+        Some((top - 1 - word::off(h), h))
+    }
+
+    /// The complete frames, innermost first: (base, FRAME header).
+    fn frames(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let mut top = match self.building.get() {
+            usize::MAX => self.top.get(),
+            b => b,
+        };
+        std::iter::from_fn(move || {
+            if top == 0 || self.stack.get().is_null() {
+                return None;
+            }
+            let h = self.get(top - 1);
+            if word::kind(h) != word::TYPE_FRAME || word::off(h) > top - 1 {
+                return None;
+            }
+            let fb = top - 1 - word::off(h);
+            top = fb;
+            Some((fb, h))
+        })
+    }
+
+    fn pop(&self, fb: usize) {
+        self.top.set(fb);
+        self.depth.set(self.depth.get() - 1);
+    }
+
+    /// Drops frames left without returning (see the module docs).
+    fn resync_entry(&self, sp: usize, ret: usize) {
+        let rth = RETURN_TO_HANDLER.load(Relaxed);
+        while let Some((fb, _)) = self.top_frame() {
+            let fsp = self.get(fb + word::SP) as usize;
+            if fsp < sp || (fsp == sp && ret != rth) {
+                self.pop(fb);
+                STALE.fetch_add(1, Relaxed);
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+impl Drop for Shadow {
+    fn drop(&mut self) {
+        let p = self.stack.get();
+        if !p.is_null() {
+            // SAFETY: our own mapping; the thread is exiting and no frame of
+            // it can be used again.
+            unsafe { libc::munmap(p as *mut libc::c_void, self.len.get() * 8) };
+        }
+    }
+}
+
+thread_local! {
+    static SHADOW: Shadow = const { Shadow::new() };
+}
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we own; async-signal-safe.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The user in `slot`, if still registered and registered at or before
+/// `epoch`.
+fn user_at(slot: usize, epoch: u32) -> Option<&'static Fgraph> {
+    let p = SLOTS[slot].load(Acquire);
+    if p.is_null() || SLOT_EPOCH[slot].load(Relaxed).wrapping_sub(epoch) as i32 > 0 {
+        return None;
+    }
+    // SAFETY: the registry owns the Arc while the slot is set, and frees it
+    // only after a grace period; this thread is inside dispatch (the
+    // caller's DispatchGuard) while it uses the reference.
+    Some(unsafe { &*p })
+}
+
+/// The users tracing site `ip` (several users).
+fn mask_of(ip: usize) -> u16 {
+    let t = MASKS.load(Acquire);
+    if t.is_null() {
+        return 0;
+    }
+    // SAFETY: published tables are freed only after a grace period, and
+    // the caller is inside dispatch.
+    let t = unsafe { &*t };
+    t.binary_search_by_key(&ip, |e| e.0).map(|i| t[i].1).unwrap_or(0)
+}
+
+/// The internal ops' callback: push a frame, call the entry callbacks.
+extern "C" fn graph_entry(ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
+    if SHADOW.try_with(|sh| push(sh, ip, fregs)).is_err() {
+        // The thread is exiting: its stack is gone.
+        MISSES.fetch_add(1, Relaxed);
+    }
+}
+
+fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
+    if sh.busy.replace(true) {
+        RECURSION_MISSES.fetch_add(1, Relaxed);
+        return;
+    }
+    let epoch = EPOCH.load(Relaxed);
+    let rth = RETURN_TO_HANDLER.load(Relaxed);
+    let ok = sh.ensure();
+    if ok {
+        sh.resync_entry(fregs.stack_pointer(), fregs.return_address());
+    }
+    let fb = sh.top.get();
+    if !ok || fb + word::FIXED + 1 > sh.len.get() {
+        sh.misses.set(sh.misses.get() + 1);
+        MISSES.fetch_add(1, Relaxed);
+        sh.busy.set(false);
+        return;
+    }
+    sh.set(fb + word::RET, fregs.return_address() as u64);
+    sh.set(fb + word::FUNC, ip as u64);
+    sh.set(fb + word::SP, fregs.stack_pointer() as u64);
+    sh.set(fb + word::CALLTIME, if TIMESTAMPS.load(Relaxed) { now_ns() } else { 0 });
+    sh.top.set(fb + word::FIXED);
+    sh.building.set(fb);
+    let ent = GraphEnt { func: ip, depth: sh.depth.get() };
+    let mut want = 0u16;
+    let mut call = |slot: usize, sh: &Shadow| {
+        if let Some(u) = user_at(slot, epoch) {
+            let mark = sh.top.get();
+            sh.cur_user.set(slot);
+            if (u.entry)(&ent, u, fregs) {
+                want |= 1 << slot;
+            } else {
+                // Its data is not needed.
+                sh.top.set(mark);
+            }
+        }
+    };
+    match SINGLE.load(Acquire) {
+        0 => {
+            let mut m = mask_of(ip);
+            while m != 0 {
+                let slot = m.trailing_zeros() as usize;
+                m &= m - 1;
+                call(slot, sh);
+            }
+        }
+        s => call(s - 1, sh),
+    }
+    sh.building.set(usize::MAX);
+    let head = sh.top.get();
+    if want == 0 {
+        sh.top.set(fb);
+    } else {
+        sh.set(head, word::frame(head - fb, want, epoch));
+        sh.top.set(head + 1);
+        sh.depth.set(sh.depth.get() + 1);
+        fregs.set_return_address(rth);
+    }
+    sh.busy.set(false);
+}
+
+impl GraphEnt {
+    /// Reserves `size` (≤ [`DATA_MAX`]) bytes on the shadow stack for this
+    /// call, zeroed, which the same user finds in its return callback
+    /// ([`GraphRet::retrieve_data`]).  Only valid inside an entry callback;
+    /// `None` when there is no room (or outside one).
+    #[allow(clippy::mut_from_ref)]
+    pub fn reserve_data(&self, size: usize) -> Option<&mut [u8]> {
+        if size == 0 || size > DATA_MAX {
+            return None;
+        }
+        SHADOW
+            .try_with(|sh| {
+                if !sh.busy.get() || sh.stack.get().is_null() {
+                    return None;
+                }
+                let at = sh.top.get();
+                let words = word::data_words(size);
+                // Room for the block, its header and the FRAME header.
+                if at + words + 2 > sh.len.get() {
+                    return None;
+                }
+                for i in 0..words {
+                    sh.set(at + i, 0);
+                }
+                sh.set(at + words, word::data(size, sh.cur_user.get()));
+                sh.top.set(at + words + 1);
+                // SAFETY: `words*8 >= size` bytes of this thread's stack,
+                // reserved above for this call and not handed out twice;
+                // they live until the frame is popped, after the return
+                // callbacks.  The borrow is tied to `self`, which lives only
+                // during the entry callback.
+                Some(unsafe { std::slice::from_raw_parts_mut(sh.ptr(at) as *mut u8, size) })
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+impl GraphRet {
+    /// The data this user reserved at entry (the first block), or `None`.
+    /// Only valid inside a return callback.
+    #[allow(clippy::mut_from_ref)]
+    pub fn retrieve_data(&self) -> Option<&mut [u8]> {
+        SHADOW
+            .try_with(|sh| {
+                let base = sh.ret_base.get() + word::FIXED;
+                let user = sh.cur_user.get();
+                let mut h = sh.ret_head.get();
+                let mut found = None;
+                // Walk the DATA headers down; the lowest block of the user
+                // is its first reservation.
+                while h > base {
+                    let w = sh.get(h - 1);
+                    if word::kind(w) != word::TYPE_DATA {
+                        break;
+                    }
+                    let start = h - 1 - word::data_words(word::off(w));
+                    if word::user(w) == user {
+                        found = Some((start, word::off(w)));
+                    }
+                    h = start;
+                }
+                // SAFETY: the block lies in this thread's stack, in the frame
+                // being returned from, which is popped only after the
+                // return callbacks; the borrow lives as long as `self`.
+                found.map(|(at, size)| unsafe { std::slice::from_raw_parts_mut(sh.ptr(at) as *mut u8, size) })
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+/// Called by `return_to_handler` with the traced function's return
+/// registers: pops the frame, calls the return callbacks, returns the real
+/// return address.
+pub extern "C" fn ftrace_return_to_handler(fregs: &mut FtraceRegs) -> usize {
+    let _g = DispatchGuard::enter();
+    match SHADOW.try_with(|sh| pop_return(sh, fregs)) {
+        Ok(Some(ret)) => ret,
+        _ => fatal(b"ftramp fgraph: a hijacked return found no shadow-stack frame\n"),
+    }
+}
+
+fn fatal(msg: &[u8]) -> ! {
+    // SAFETY: write(2) of a static buffer; async-signal-safe.
+    unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
+    std::process::abort()
+}
+
+fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> Option<usize> {
+    let was_busy = sh.busy.replace(true);
+    let sp = fregs.stack_pointer().wrapping_sub(ret_sp_delta());
+    // Frames below this function's entry sp were left without returning.
+    let (fb, head) = loop {
+        let (fb, h) = sh.top_frame()?;
+        if (sh.get(fb + word::SP) as usize) < sp {
+            sh.pop(fb);
+            STALE.fetch_add(1, Relaxed);
+            continue;
+        }
+        break (fb, h);
+    };
+    let ret = sh.get(fb + word::RET) as usize;
+    let rec = GraphRet {
+        func: sh.get(fb + word::FUNC) as usize,
+        depth: sh.depth.get() - 1,
+        calltime: sh.get(fb + word::CALLTIME),
+        rettime: if TIMESTAMPS.load(Relaxed) { now_ns() } else { 0 },
+    };
+    sh.ret_base.set(fb);
+    sh.ret_head.set(fb + word::off(head));
+    let epoch = word::epoch(head);
+    let mut m = word::bitmap(head);
+    let mut call = |slot: usize| {
+        if let Some(u) = user_at(slot, epoch) {
+            sh.cur_user.set(slot);
+            (u.ret)(&rec, u, fregs);
+        }
+    };
+    if m.is_power_of_two() {
+        call(m.trailing_zeros() as usize);
+    } else {
+        while m != 0 {
+            let slot = m.trailing_zeros() as usize;
+            m &= m - 1;
+            call(slot);
+        }
+    }
+    sh.pop(fb);
+    sh.busy.set(was_busy);
+    Some(ret)
+}
+
+/// This thread's shadow-stack depth (frames pushed and not yet popped).
+pub fn depth() -> usize {
+    SHADOW.try_with(|sh| sh.depth.get()).unwrap_or(0)
+}
+
+/// Calls this thread left untraced because its shadow stack was full.
+pub fn thread_misses() -> u64 {
+    SHADOW.try_with(|sh| sh.misses.get()).unwrap_or(0)
+}
+
+/// For unwinders: the real return address behind `ret` for the traced
+/// call whose stack pointer at entry was `entry_sp` (x86_64: the address of
+/// the return-address slot; aarch64: the CFA), on this thread.  `ret` is
+/// returned unchanged when it is not `return_to_handler` or no frame
+/// matches.
+pub fn ret_addr(ret: usize, entry_sp: usize) -> usize {
+    if ret == 0 || ret != RETURN_TO_HANDLER.load(Relaxed) {
+        return ret;
+    }
+    SHADOW
+        .try_with(|sh| sh.frames().find(|(fb, _)| sh.get(fb + word::SP) as usize == entry_sp).map(|(fb, _)| sh.get(fb + word::RET) as usize))
+        .ok()
+        .flatten()
+        .unwrap_or(ret)
+}
+
+/// For backtraces walking outwards: the real return address of the
+/// `*idx`-th hijacked return met so far (start with `*idx = 0`; each call
+/// that resolves `return_to_handler` advances it).
+pub fn ret_addr_nth(idx: &mut usize, ret: usize) -> usize {
+    if ret == 0 || ret != RETURN_TO_HANDLER.load(Relaxed) {
+        return ret;
+    }
+    match SHADOW.try_with(|sh| sh.frames().nth(*idx).map(|(fb, _)| sh.get(fb + word::RET) as usize)) {
+        Ok(Some(r)) => {
+            *idx += 1;
+            r
+        }
+        _ => ret,
+    }
+}
