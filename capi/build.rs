@@ -1,0 +1,84 @@
+//! Compiles the C side of `tests/c_api.rs` (the library itself is pure
+//! Rust): the tracees with the target arch's patch-site flags read from its
+//! spec (`site.flags`), the test program against `include/ftramp.h`, and a
+//! shared library to dlopen.  The test links the objects against the
+//! freshly built `libftramp.a` / `libftramp.so`; what it needs reaches it
+//! as `FTRAMP_CAPI_*` environment variables.
+
+use std::path::{Path, PathBuf};
+
+fn main() {
+    let target_arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap();
+    let arch = match target_arch.as_str() {
+        "x86_64" => "x86_64",
+        "aarch64" => "aarch64",
+        "riscv64" => "riscv64",
+        "powerpc64" => "ppc64le",
+        "s390x" => "s390x",
+        other => panic!("no arch spec for target arch {other}"),
+    };
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest.parent().unwrap();
+    let spec_path = root.join("arch-specs").join(format!("{arch}.toml"));
+    let c = manifest.join("tests").join("c");
+    let include = manifest.join("include");
+    for p in [&spec_path, &c, &include] {
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
+    let spec: toml::Table = std::fs::read_to_string(&spec_path).unwrap().parse().unwrap();
+    let site_flags: Vec<String> = spec["site"]["flags"].as_str().unwrap().split_whitespace().map(String::from).collect();
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+
+    // Tracees: patch sites, no inlining, no interprocedural register
+    // allocation (a trampoline may clobber what the ABI lets it clobber).
+    let mut b = cc::Build::new();
+    b.opt_level(2).flag("-fno-ipa-ra").flag("-fno-inline").flag_if_supported("-fcf-protection=none").cargo_metadata(false);
+    for f in &site_flags {
+        b.flag(f);
+    }
+    let tracee = one(b.file(c.join("tracee.c")).compile_intermediates());
+
+    let mut b = cc::Build::new();
+    b.opt_level(2)
+        .include(&include)
+        .warnings(true)
+        .extra_warnings(true)
+        .flag("-Werror=implicit-function-declaration")
+        .cargo_metadata(false);
+    let main = one(b.file(c.join("capi_test.c")).compile_intermediates());
+
+    let compiler = cc::Build::new().opt_level(2).pic(true).cargo_metadata(false).get_compiler();
+    let so = out.join("libcapi_dl.so");
+    let mut cmd = compiler.to_command();
+    cmd.args(&site_flags).arg("-fno-ipa-ra").arg("-shared").arg("-o").arg(&so).arg(c.join("dl.c"));
+    let status = cmd.status().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?} failed");
+
+    // How the test runs a program for a foreign target: the runner of
+    // .cargo/config.toml (qemu-user with the cross sysroot), or the one in
+    // CARGO_TARGET_<TRIPLE>_RUNNER.
+    let host = std::env::var("HOST").unwrap();
+    let target = std::env::var("TARGET").unwrap();
+    let runner_var = format!("CARGO_TARGET_{}_RUNNER", target.to_uppercase().replace('-', "_"));
+    println!("cargo:rerun-if-env-changed={runner_var}");
+    let runner = match std::env::var(&runner_var) {
+        Ok(r) => r,
+        Err(_) if host == target => String::new(),
+        Err(_) => {
+            let sysroot = target.replacen("-unknown-", "-", 1).replacen("riscv64gc", "riscv64", 1);
+            format!("qemu-{arch} -L /usr/{sysroot}")
+        }
+    };
+
+    let env = |k: &str, v: &Path| println!("cargo:rustc-env={k}={}", v.display());
+    env("FTRAMP_CAPI_TRACEE_O", &tracee);
+    env("FTRAMP_CAPI_MAIN_O", &main);
+    env("FTRAMP_CAPI_DL_SO", &so);
+    env("FTRAMP_CAPI_CC", compiler.path());
+    println!("cargo:rustc-env=FTRAMP_CAPI_RUNNER={runner}");
+}
+
+fn one(objects: Vec<PathBuf>) -> PathBuf {
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    objects.into_iter().next().unwrap()
+}
