@@ -355,3 +355,76 @@ fn at_most_sixteen_users() {
         assert_eq!((s.entries.load(SeqCst), s.rets.load(SeqCst), s.bad.load(SeqCst)), (1, 1, 0));
     }
 }
+
+static RECURSE_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Calls a traced function from inside the callback.
+extern "C" fn recursing_entry(_e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    RECURSE_CALLS.fetch_add(1, SeqCst);
+    assert_eq!(unsafe { tracee_two(7, 8) }, 7008);
+    true
+}
+
+#[test]
+fn a_callback_calling_traced_functions_does_not_recurse() {
+    let _l = lock();
+    RECURSE_CALLS.store(0, SeqCst);
+    let u = Arc::new(Fgraph::new(recursing_entry, nop_ret).filter(Filter::new().symbol("tracee_two")));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    let before = fgraph::recursion_misses();
+    unsafe { assert_eq!(tracee_two(1, 2), 1002) };
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(RECURSE_CALLS.load(SeqCst), 1);
+    assert_eq!(fgraph::recursion_misses() - before, 1);
+}
+
+static SIG_BAD: AtomicU64 = AtomicU64::new(0);
+static SIG_RUNS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_alarm(_sig: i32) {
+    SIG_RUNS.fetch_add(1, SeqCst);
+    if unsafe { tracee_nested(3) } != expect_nested(3) {
+        SIG_BAD.fetch_add(1, SeqCst);
+    }
+}
+
+#[test]
+fn signal_handlers_calling_traced_functions_nest_on_the_shadow_stack() {
+    let _l = lock();
+    SMALL.iter().for_each(|c| c.store(0, SeqCst));
+    let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_nested")).skip_timestamp(true));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    // SIGPROF on this thread's CPU time: lands anywhere (traced bodies,
+    // trampolines, callbacks, return_to_handler).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        assert_eq!(libc::sigaction(libc::SIGPROF, &sa, std::ptr::null_mut()), 0);
+        let t = libc::itimerval { it_interval: libc::timeval { tv_sec: 0, tv_usec: 200 }, it_value: libc::timeval { tv_sec: 0, tv_usec: 200 } };
+        assert_eq!(libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut()), 0);
+    }
+    let mut wrong = 0;
+    let start = std::time::Instant::now();
+    while SIG_RUNS.load(SeqCst) < 200 && start.elapsed() < std::time::Duration::from_secs(20) {
+        for n in 0..10 {
+            if unsafe { tracee_nested(n) } != expect_nested(n) {
+                wrong += 1;
+            }
+        }
+    }
+    unsafe {
+        let t: libc::itimerval = std::mem::zeroed();
+        libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut());
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_IGN;
+        libc::sigaction(libc::SIGPROF, &sa, std::ptr::null_mut());
+    }
+    let depth = fgraph::depth();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!((wrong, SIG_BAD.load(SeqCst), depth), (0, 0, 0));
+    assert!(SIG_RUNS.load(SeqCst) > 0);
+    // Every frame pushed was popped with its own data.
+    assert_eq!(SMALL[2].load(SeqCst), 0);
+    assert_eq!(SMALL[0].load(SeqCst), SMALL[1].load(SeqCst));
+}

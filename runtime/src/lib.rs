@@ -13,7 +13,8 @@
 //!
 //! `unsafe` lives only in `exec.rs`, `cache.rs`, `patch*`, `regs.rs`,
 //! `grace.rs`, `dispatch.rs` (publishing the site table), `fgraph.rs`
-//! (the per-thread shadow stacks) and `sites/loaded.rs`, each block with the reason it is sound.
+//! (the per-thread shadow stacks) and `sites/loaded.rs`, each block with
+//! the reason it is sound.
 
 pub mod cache;
 pub mod dispatch;
