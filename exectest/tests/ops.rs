@@ -294,3 +294,39 @@ fn ops_follow_dlopen_and_dlclose() {
     assert!(ftrace().site_dispatch().iter().all(|(s, _)| !s.symbol.as_deref().unwrap_or("").starts_with("sites_dl_")));
     ftrace().unregister(&ops).unwrap();
 }
+
+/// Without `refresh()`: the module watcher picks the library up by itself.
+#[cfg(ftramp_sites)]
+#[test]
+fn dlopened_libraries_are_traced_without_a_refresh() {
+    let _l = lock();
+    let keep = counting(Filter::new().symbol("tracee_two"));
+    ftrace().register(keep.clone()).unwrap();
+    let ops = counting(Filter::new().glob("sites_dl_*").unwrap().symbol("tracee_two"));
+    ftrace().register(ops.clone()).unwrap();
+    let path = std::ffi::CString::new(env!("FTRAMP_SITES_DL_SO")).unwrap();
+    // SAFETY: a library built by build.rs.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!h.is_null());
+    // SAFETY: the symbol exists with this signature.
+    let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(libc::dlsym(h, c"sites_dl_tracee".as_ptr())) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let before = count_of(&ops);
+        assert_eq!(f(1), 10);
+        if count_of(&ops) == before + 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the new library was never traced");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // SAFETY: nothing of the library is used after this.
+    assert_eq!(unsafe { libc::dlclose(h) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ftrace().site_dispatch().iter().any(|(s, _)| s.symbol.as_deref().unwrap_or("").starts_with("sites_dl_")) {
+        assert!(std::time::Instant::now() < deadline, "the closed library's sites were never dropped");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    ftrace().unregister(&ops).unwrap();
+    ftrace().unregister(&keep).unwrap();
+}

@@ -102,6 +102,46 @@ pub struct Ftrace {
     state: Mutex<State>,
 }
 
+/// How often the module watcher looks for `dlopen`/`dlclose`.
+pub const MODULE_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Starts (once) the thread that re-reads the loaded modules when the
+/// loader's counters change, so libraries loaded with `dlopen` are traced
+/// without a `refresh()` and unloaded ones are forgotten.  It only reads
+/// the counters while no ops is registered.
+fn start_module_watch() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new().name("ftramp-modules".into()).spawn(|| {
+            let mut seen = crate::sites::loader_generation();
+            loop {
+                std::thread::sleep(MODULE_WATCH_INTERVAL);
+                let now = crate::sites::loader_generation();
+                if now == seen {
+                    continue;
+                }
+                let f = ftrace();
+                // Registering re-reads the modules anyway; a busy engine is
+                // retried on the next tick.
+                let Ok(mut st) = f.state.try_lock() else { continue };
+                if st.ops.is_empty() {
+                    seen = now;
+                    continue;
+                }
+                if st.refresh().is_ok() {
+                    if let Ok(Some(old)) = st.apply() {
+                        st.retire(vec![Box::new(SendTable(old))], Vec::new());
+                    }
+                    seen = now;
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            eprintln!("ftramp: cannot start the module watcher ({e}); call ftrace().refresh() after dlopen");
+        }
+    });
+}
+
 /// The ftrace of this process.
 pub fn ftrace() -> &'static Ftrace {
     static F: OnceLock<Ftrace> = OnceLock::new();
@@ -145,6 +185,7 @@ impl Ftrace {
             }
         }
         let n = matched.len();
+        start_module_watch();
         ops.entry.store(dispatch::entry_for(ops.get_flags()), std::sync::atomic::Ordering::Release);
         st.ops.push(ops);
         if let Err(e) = st.apply() {
@@ -187,7 +228,9 @@ impl Ftrace {
     }
 
     /// Re-reads the loaded modules (after `dlopen`/`dlclose`) and re-applies
-    /// every registered ops to them.
+    /// every registered ops to them.  A watcher thread does this by itself
+    /// within [`MODULE_WATCH_INTERVAL`] of a change; call this to have it
+    /// done before the next call into a new library.
     pub fn refresh(&self) -> Result<(), OpsError> {
         let mut st = self.lock()?;
         st.refresh()?;

@@ -296,6 +296,12 @@ pub struct Discovery {
     subs: Option<u64>,
 }
 
+/// The loader's counters of objects ever loaded and unloaded
+/// (`dlpi_adds`, `dlpi_subs`): they change with every `dlopen`/`dlclose`.
+pub fn loader_generation() -> (u64, u64) {
+    loaded::with_loaded(|set| (set.adds, set.subs))
+}
+
 /// Discovers the sites of the program and every library loaded now.
 pub fn discover() -> Result<Discovery, RuntimeError> {
     let mut d = Discovery::default();
