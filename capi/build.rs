@@ -8,15 +8,7 @@
 use std::path::{Path, PathBuf};
 
 fn main() {
-    let target_arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap();
-    let arch = match target_arch.as_str() {
-        "x86_64" => "x86_64",
-        "aarch64" => "aarch64",
-        "riscv64" => "riscv64",
-        "powerpc64" => "ppc64le",
-        "s390x" => "s390x",
-        other => panic!("no arch spec for target arch {other}"),
-    };
+    let arch = ftramp_codegen::spec::for_target_arch(&std::env::var("CARGO_CFG_TARGET_ARCH").unwrap()).expect("an arch with a spec");
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest.parent().unwrap();
     let spec_path = root.join("arch-specs").join(format!("{arch}.toml"));
@@ -25,8 +17,8 @@ fn main() {
     for p in [&spec_path, &c, &include] {
         println!("cargo:rerun-if-changed={}", p.display());
     }
-    let spec: toml::Table = std::fs::read_to_string(&spec_path).unwrap().parse().unwrap();
-    let site_flags: Vec<String> = spec["site"]["flags"].as_str().unwrap().split_whitespace().map(String::from).collect();
+    let spec = ftramp_codegen::Spec::builtin(arch).unwrap();
+    let site_flags: Vec<String> = spec.raw.site.flags.split_whitespace().map(String::from).collect();
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
 
     // Tracees: patch sites, no inlining, no interprocedural register

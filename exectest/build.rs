@@ -4,20 +4,15 @@
 use std::path::Path;
 
 fn main() {
-    let arch = match std::env::var("CARGO_CFG_TARGET_ARCH").unwrap().as_str() {
-        "x86_64" => "x86_64",
-        "aarch64" => "aarch64",
-        "riscv64" => "riscv64",
-        "powerpc64" => "ppc64le",
-        "s390x" => "s390x",
-        other => panic!("no arch spec for target arch {other}"),
-    };
+    let arch = ftramp_codegen::spec::for_target_arch(&std::env::var("CARGO_CFG_TARGET_ARCH").unwrap()).expect("an arch with a spec");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let spec_path = root.join("arch-specs").join(format!("{arch}.toml"));
     println!("cargo:rerun-if-changed={}", spec_path.display());
-    let spec: toml::Table = std::fs::read_to_string(&spec_path).unwrap().parse().unwrap();
-    let site = spec["site"].as_table().unwrap();
-    let flags = |key: &str| -> Vec<String> { site[key].as_str().unwrap().split_whitespace().map(String::from).collect() };
+    let spec = ftramp_codegen::Spec::builtin(arch).unwrap();
+    let flags = |key: &str| -> Vec<String> {
+        let text = if key == "flags" { &spec.raw.site.flags } else { &spec.raw.site.callsite_flags };
+        text.split_whitespace().map(String::from).collect()
+    };
     let c = root.join("tests").join("c");
     for f in ["tracee.c", "tracee_many.c", "tracee_fgraph.c", "tracee_callsite.c", "harness.c", "arch"] {
         println!("cargo:rerun-if-changed={}", c.join(f).display());

@@ -25,6 +25,19 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
     ("ppc64le", "arch-specs/ppc64le.toml", include_str!("../../arch-specs/ppc64le.toml")),
 ];
 
+/// The spec name for a Cargo `CARGO_CFG_TARGET_ARCH` value, for build
+/// scripts that compile C with a target's patch-site flags.
+pub fn for_target_arch(target_arch: &str) -> Option<&'static str> {
+    Some(match target_arch {
+        "x86_64" => "x86_64",
+        "aarch64" => "aarch64",
+        "riscv64" => "riscv64",
+        "powerpc64" => "ppc64le",
+        "s390x" => "s390x",
+        _ => return None,
+    })
+}
+
 /// A spec file that could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{file}{}: {field}: {problem}", .line.map(|(l, c)| format!(":{l}:{c}")).unwrap_or_default())]
