@@ -16,4 +16,17 @@ fn main() {
         b.flag(f);
     }
     b.file("tracee.c").compile("ftrace_ops_tracee");
+
+    // How the sample's tests start the program when it is cross-built: the
+    // runner cargo uses (CARGO_TARGET_<TRIPLE>_RUNNER), else qemu-user with
+    // the spec's cross sysroot.
+    let (host, target) = (std::env::var("HOST").unwrap(), std::env::var("TARGET").unwrap());
+    let var = format!("CARGO_TARGET_{}_RUNNER", target.to_uppercase().replace('-', "_"));
+    println!("cargo:rerun-if-env-changed={var}");
+    let runner = match std::env::var(&var) {
+        Ok(r) => r,
+        Err(_) if host == target => String::new(),
+        Err(_) => format!("qemu-{} -L /usr/{}", spec.raw.arch.qemu, spec.raw.arch.gnu_triple),
+    };
+    println!("cargo:rustc-env=FTRAMP_SAMPLE_RUNNER={runner}");
 }

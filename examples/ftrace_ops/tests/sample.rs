@@ -6,7 +6,17 @@
 use std::process::Command;
 
 fn run(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ftrace_ops")).args(args).output().unwrap();
+    // Cross-built: through qemu-user (see build.rs).
+    let runner: Vec<&str> = env!("FTRAMP_SAMPLE_RUNNER").split_whitespace().collect();
+    let mut cmd = match runner.split_first() {
+        Some((prog, rest)) => {
+            let mut c = Command::new(prog);
+            c.args(rest).arg(env!("CARGO_BIN_EXE_ftrace_ops"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_ftrace_ops")),
+    };
+    let out = cmd.args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
 }
 
