@@ -428,3 +428,101 @@ fn signal_handlers_calling_traced_functions_nest_on_the_shadow_stack() {
     assert_eq!(SMALL[2].load(SeqCst), 0);
     assert_eq!(SMALL[0].load(SeqCst), SMALL[1].load(SeqCst));
 }
+
+extern "C" {
+    fn tracee_fork_call(after: extern "C" fn(i64) -> i64, n: i64) -> i64;
+    fn tracee_exec_call(path: *const libc::c_char, argv: *const *const libc::c_char, n: i64) -> i64;
+}
+
+/// Runs in both processes inside the traced `tracee_fork_call`: traced
+/// calls nested below it.  1 when all went right (3 in the child).
+static FORK_PID: AtomicI64 = AtomicI64::new(0);
+
+extern "C" fn after_fork(pid: i64) -> i64 {
+    FORK_PID.store(pid, SeqCst);
+    let mut ok = fgraph::depth() == 1;
+    for n in 0..8 {
+        ok &= unsafe { tracee_nested(n) } == expect_nested(n);
+    }
+    ok &= fgraph::depth() == 1;
+    ok as i64 + if pid == 0 { 2 } else { 0 }
+}
+
+/// What either process must have seen after `tracee_fork_call(_, 5)`: a
+/// bit per failed check (0: all right).  No allocation, no lock: the child
+/// of a multi-threaded process may only do async-signal-safe things.
+fn fork_checks(r: i64, want: i64) -> i32 {
+    let [e, ret, bad] = [0, 1, 2].map(|i| SMALL[i].load(SeqCst));
+    // tracee_fork_call + tracee_nested(0..8): 1 + (1 + 2 + ... + 8) calls.
+    let calls = 1 + 36;
+    (r != want) as i32 | ((fgraph::depth() != 0) as i32) << 1 | ((e != calls) as i32) << 2 | ((ret != calls) as i32) << 3 | ((bad != 0) as i32) << 4
+}
+
+#[test]
+fn fork_inside_a_traced_call_keeps_both_processes_tracing() {
+    let _l = lock();
+    SMALL.iter().for_each(|c| c.store(0, SeqCst));
+    let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_fork_call").symbol("tracee_nested")).skip_timestamp(true));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    let r = unsafe { tracee_fork_call(after_fork, 5) };
+    if FORK_PID.load(SeqCst) == 0 {
+        // The child (after_fork added 2): report by exit status, never
+        // return into the test harness.
+        let code = fork_checks(r, 35);
+        unsafe { libc::_exit(code) };
+    }
+    let parent = fork_checks(r, 15);
+    let child = FORK_PID.load(SeqCst) as libc::pid_t;
+    let mut status = 0;
+    let pid = unsafe { libc::waitpid(child, &mut status, 0) };
+    // The parent goes on tracing after the fork.
+    let more = unsafe { tracee_nested(4) };
+    let depth = fgraph::depth();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert!(child > 0 && pid == child, "fork/wait: {}", std::io::Error::last_os_error());
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "child failed checks (bits: result, depth, entries, returns, data)");
+    assert_eq!(parent, 0, "parent failed checks (bits: result, depth, entries, returns, data)");
+    assert_eq!((more, depth), (expect_nested(4), 0));
+    assert_eq!((SMALL[0].load(SeqCst), SMALL[1].load(SeqCst), SMALL[2].load(SeqCst)), (37 + 5, 37 + 5, 0));
+}
+
+#[test]
+fn exec_from_inside_a_traced_call() {
+    use std::ffi::CString;
+    let _l = lock();
+    SMALL.iter().for_each(|c| c.store(0, SeqCst));
+    let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_exec_call").symbol("tracee_nested")).skip_timestamp(true));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    // A failed exec returns through the hijacked return.
+    let missing = CString::new("/nonexistent/ftramp-exec").unwrap();
+    let argv = [missing.as_ptr(), std::ptr::null()];
+    assert_eq!(unsafe { tracee_exec_call(missing.as_ptr(), argv.as_ptr(), 4) }, 1004);
+    assert_eq!(fgraph::depth(), 0);
+    // Successful execs in children: the new program runs untouched and its
+    // exit status comes back.
+    for (args, want) in [(&["/bin/true"][..], 0), (&["/bin/sh", "-c", "exit 7"], 7)] {
+        let c: Vec<CString> = args.iter().map(|a| CString::new(*a).unwrap()).collect();
+        let mut argv: Vec<*const libc::c_char> = c.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            unsafe {
+                tracee_exec_call(argv[0], argv.as_ptr(), 0);
+                libc::_exit(99);
+            }
+        }
+        let mut status = 0;
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "{args:?}: status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), want, "{args:?}");
+    }
+    // This process goes on tracing.
+    let r = unsafe { tracee_nested(3) };
+    let depth = fgraph::depth();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!((r, depth), (expect_nested(3), 0));
+    // The failed exec and tracee_nested(3..0); the children's calls were theirs.
+    assert_eq!((SMALL[0].load(SeqCst), SMALL[1].load(SeqCst), SMALL[2].load(SeqCst)), (1 + 4, 1 + 4, 0));
+}
