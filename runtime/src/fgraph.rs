@@ -719,6 +719,51 @@ impl GraphRet {
     }
 }
 
+impl GraphRet {
+    /// The `n`-th block (0: the first, as [`GraphRet::retrieve_data`]) this
+    /// user reserved at entry, in reservation order, or `None`.  Only valid
+    /// inside a return callback.
+    #[allow(clippy::mut_from_ref)]
+    pub fn retrieve_data_nth(&self, n: usize) -> Option<&mut [u8]> {
+        SHADOW
+            .try_with(|sh| {
+                let base = sh.ret_base.get() + word::FIXED;
+                let user = sh.cur_user.get();
+                // Walk the DATA headers down twice (no allocation): count
+                // this user's blocks, then pick the n-th from the bottom.
+                let walk = |f: &mut dyn FnMut(usize, usize, usize)| {
+                    let mut h = sh.ret_head.get();
+                    while h > base {
+                        let w = sh.get(h - 1);
+                        if word::kind(w) != word::TYPE_DATA {
+                            break;
+                        }
+                        let start = h - 1 - word::data_words(word::off(w));
+                        f(word::user(w), start, word::off(w));
+                        h = start;
+                    }
+                };
+                let mut count = 0;
+                walk(&mut |u, _, _| count += usize::from(u == user));
+                let want = count.checked_sub(n + 1)?;
+                let (mut seen, mut found) = (0, None);
+                walk(&mut |u, at, size| {
+                    if u == user {
+                        if seen == want {
+                            found = Some((at, size));
+                        }
+                        seen += 1;
+                    }
+                });
+                // SAFETY: as in `retrieve_data`: a block of the frame being
+                // returned from, popped only after the return callbacks.
+                found.map(|(at, size)| unsafe { std::slice::from_raw_parts_mut(sh.ptr(at) as *mut u8, size) })
+            })
+            .ok()
+            .flatten()
+    }
+}
+
 /// Called by `return_to_handler` with the traced function's return
 /// registers: pops the frame, calls the return callbacks, returns the real
 /// return address.

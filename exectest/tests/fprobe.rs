@@ -1,0 +1,267 @@
+//! fprobe on real patched functions, modelled on the kernel's
+//! lib/test_fprobe.c: the entry writes a token into the entry data that the
+//! exit checks together with the return value; an entry skipping the exit;
+//! the entry_data_size limit; filters by glob/notfilter, address and
+//! symbol; two fprobes on one function; and repeated register/unregister
+//! while other threads call the probed function.
+//!
+//! fprobe is process-wide: the tests take a lock and leave nothing
+//! registered.
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+
+use ftramp_exectest::*;
+use ftramp_runtime::fprobe::{self, EntryAction, Fprobe, FprobeError, ENTRY_DATA_MAX};
+use ftramp_runtime::FtraceRegs;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Default)]
+struct Stats {
+    entries: AtomicU64,
+    exits: AtomicU64,
+    bad: AtomicU64,
+    /// Entry skips the exit when argument 0 equals this.
+    skip_arg: AtomicI64,
+    /// Set while unregistered: any handler call then is a failure.
+    off: AtomicBool,
+    /// Calls seen while `off`.
+    late: AtomicU64,
+}
+
+fn new_stats() -> &'static Stats {
+    let s: &'static Stats = Box::leak(Box::default());
+    s.skip_arg.store(i64::MIN, SeqCst);
+    s
+}
+
+fn stats(fp: &Fprobe) -> &'static Stats {
+    // SAFETY (test): every fprobe here points `private` at a leaked Stats.
+    unsafe { &*(fp.private as *const Stats) }
+}
+
+fn token(fp: &Fprobe, ip: usize, a: u64, b: u64) -> u64 {
+    (fp.private as u64).rotate_left(13) ^ ip as u64 ^ a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.rotate_left(31)
+}
+
+/// For tracee_two(a, b): saves a, b and a token; fills the rest.
+fn two_entry(fp: &Fprobe, ip: usize, _ret_ip: usize, fregs: &mut FtraceRegs, data: &mut [u8]) -> EntryAction {
+    let s = stats(fp);
+    if s.off.load(SeqCst) {
+        s.late.fetch_add(1, SeqCst);
+    }
+    s.entries.fetch_add(1, SeqCst);
+    let (a, b) = (fregs.argument(0).unwrap(), fregs.argument(1).unwrap());
+    if data.iter().any(|b| *b != 0) {
+        s.bad.fetch_add(1, SeqCst);
+    }
+    if a as i64 == s.skip_arg.load(SeqCst) {
+        return EntryAction::SkipExit;
+    }
+    if data.len() >= 24 {
+        data[0..8].copy_from_slice(&a.to_ne_bytes());
+        data[8..16].copy_from_slice(&b.to_ne_bytes());
+        data[16..24].copy_from_slice(&token(fp, ip, a, b).to_ne_bytes());
+        for (i, x) in data[24..].iter_mut().enumerate() {
+            *x = i as u8 ^ 0x5a;
+        }
+    }
+    EntryAction::Continue
+}
+
+fn two_exit(fp: &Fprobe, ip: usize, _ret_ip: usize, fregs: &mut FtraceRegs, data: &mut [u8]) {
+    let s = stats(fp);
+    if s.off.load(SeqCst) {
+        s.late.fetch_add(1, SeqCst);
+    }
+    s.exits.fetch_add(1, SeqCst);
+    let w = |i: usize| u64::from_ne_bytes(data[i * 8..i * 8 + 8].try_into().unwrap());
+    let (a, b, t) = (w(0), w(1), w(2));
+    let ok = t == token(fp, ip, a, b)
+        && fregs.return_value() == (a as i64 * 1000 + b as i64) as u64
+        && data[24..].iter().enumerate().all(|(i, x)| *x == i as u8 ^ 0x5a);
+    if !ok {
+        s.bad.fetch_add(1, SeqCst);
+    }
+}
+
+fn probe(size: usize) -> (Arc<Fprobe>, &'static Stats) {
+    let s = new_stats();
+    let fp = Fprobe::new().entry_handler(two_entry).exit_handler(two_exit).entry_data_size(size).private(s as *const Stats as usize);
+    (Arc::new(fp), s)
+}
+
+fn counts(s: &Stats) -> (u64, u64, u64) {
+    (s.entries.load(SeqCst), s.exits.load(SeqCst), s.bad.load(SeqCst))
+}
+
+#[test]
+fn entry_token_is_checked_at_exit_with_the_return_value() {
+    let _l = lock();
+    let (fp, s) = probe(24);
+    fprobe::register_fprobe_syms(&fp, &["tracee_two"]).unwrap();
+    assert!(fp.is_registered());
+    assert!(matches!(fprobe::register_fprobe_syms(&fp, &["tracee_two"]), Err(FprobeError::AlreadyRegistered)));
+    for i in 0..10 {
+        assert_eq!(unsafe { tracee_two(i, 7) }, i * 1000 + 7);
+    }
+    fprobe::unregister_fprobe(&fp).unwrap();
+    assert!(!fp.is_registered());
+    assert!(matches!(fprobe::unregister_fprobe(&fp), Err(FprobeError::NotRegistered)));
+    unsafe { tracee_two(1, 1) };
+    assert_eq!(counts(s), (10, 10, 0));
+    assert_eq!((fp.nmissed(), fprobe::registered()), (0, 0));
+}
+
+#[test]
+fn an_entry_skipping_the_exit_gets_no_exit() {
+    let _l = lock();
+    let (fp, s) = probe(24);
+    s.skip_arg.store(5, SeqCst);
+    fprobe::register_fprobe(&fp, "tracee_two", None).unwrap();
+    unsafe {
+        assert_eq!(tracee_two(3, 4), 3004);
+        assert_eq!(tracee_two(5, 4), 5004);
+        assert_eq!(tracee_two(6, 4), 6004);
+    }
+    fprobe::unregister_fprobe(&fp).unwrap();
+    assert_eq!(counts(s), (3, 2, 0));
+}
+
+#[test]
+fn entry_data_size_is_limited_to_120_bytes() {
+    let _l = lock();
+    let (big, _) = probe(ENTRY_DATA_MAX + 1);
+    let e = fprobe::register_fprobe_syms(&big, &["tracee_two"]).unwrap_err();
+    assert!(matches!(e, FprobeError::EntryDataTooLarge { size: 121 }), "{e:?}");
+    assert!(e.to_string().contains("121") && e.to_string().contains("120"), "{e}");
+    assert!(!big.is_registered());
+    let (fp, s) = probe(ENTRY_DATA_MAX);
+    fprobe::register_fprobe_syms(&fp, &["tracee_two"]).unwrap();
+    unsafe { assert_eq!(tracee_two(2, 9), 2009) };
+    fprobe::unregister_fprobe(&fp).unwrap();
+    assert_eq!(counts(s), (1, 1, 0));
+    let e = fprobe::register_fprobe_syms(&Arc::new(Fprobe::new()), &["tracee_two"]).unwrap_err();
+    assert!(matches!(e, FprobeError::NoHandler), "{e:?}");
+}
+
+static SEEN: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+
+fn record_entry(_fp: &Fprobe, ip: usize, _r: usize, fregs: &mut FtraceRegs, _d: &mut [u8]) -> EntryAction {
+    SEEN.lock().unwrap().push((ip, fregs.argument(0).unwrap()));
+    EntryAction::Continue
+}
+
+fn seen_take() -> Vec<u64> {
+    std::mem::take(&mut *SEEN.lock().unwrap()).into_iter().map(|(_, a)| a).collect()
+}
+
+#[test]
+fn filters_by_glob_notfilter_address_and_symbol() {
+    let _l = lock();
+    SEEN.lock().unwrap().clear();
+    let fp = Arc::new(Fprobe::new().entry_handler(record_entry));
+    let call_all = || unsafe {
+        tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 0.5, 0.25);
+        tracee_args_alt(2, 2, 3, 4, 5, 6, 7, 8, 0.5, 0.25);
+        tracee_two(3, 1);
+        tracee_fp(0.5, 0.5, 4);
+        // (Also keeps tracee.c's site table in the link: the linker keeps
+        // it only when tracee_nested's section is kept.)
+        assert_eq!(tracee_nested(2), expect_nested(2));
+    };
+    // Glob minus notfilter: tracee_args only.
+    fprobe::register_fprobe(&fp, "tracee_args*", Some("tracee_args_alt")).unwrap();
+    assert_eq!(fp.ips().len(), 1);
+    call_all();
+    fprobe::unregister_fprobe(&fp).unwrap();
+    assert_eq!(seen_take(), vec![1]);
+    // Both globs, spaces and commas.
+    fprobe::register_fprobe(&fp, "tracee_args* tracee_t?o,tracee_nothing", None).unwrap();
+    call_all();
+    fprobe::unregister_fprobe(&fp).unwrap();
+    assert_eq!(seen_take(), vec![1, 2, 3]);
+    // By address (the function's address).
+    fprobe::register_fprobe_ips(&fp, &[tracee_two as *const () as usize]).unwrap();
+    call_all();
+    fprobe::unregister_fprobe(&fp).unwrap();
+    assert_eq!(seen_take(), vec![3]);
+    // By symbol; the ip handed over is the site registered.
+    fprobe::register_fprobe_syms(&fp, &["tracee_args_alt"]).unwrap();
+    let ips = fp.ips();
+    call_all();
+    fprobe::unregister_fprobe(&fp).unwrap();
+    let seen: Vec<(usize, u64)> = std::mem::take(&mut *SEEN.lock().unwrap());
+    assert_eq!(seen, vec![(ips[0], 2)]);
+    // Nothing matching is refused.
+    let e = fprobe::register_fprobe(&fp, "no_such_function_*", None).unwrap_err();
+    assert!(matches!(e, FprobeError::NoMatch(_)), "{e:?}");
+    assert!(matches!(fprobe::register_fprobe_syms(&fp, &["no_such_function"]), Err(FprobeError::NoMatch(_))));
+    assert!(!fp.is_registered());
+}
+
+#[test]
+fn two_fprobes_on_one_function_are_both_called() {
+    let _l = lock();
+    let (a, sa) = probe(24);
+    let (b, sb) = probe(100);
+    fprobe::register_fprobe_syms(&a, &["tracee_two"]).unwrap();
+    fprobe::register_fprobe(&b, "tracee_t*", None).unwrap();
+    sb.skip_arg.store(4, SeqCst);
+    for i in 0..6 {
+        assert_eq!(unsafe { tracee_two(i, i) }, i * 1001);
+    }
+    fprobe::unregister_fprobe(&a).unwrap();
+    unsafe { tracee_two(7, 7) };
+    fprobe::unregister_fprobe(&b).unwrap();
+    assert_eq!(counts(sa), (6, 6, 0));
+    assert_eq!(counts(sb), (7, 6, 0));
+}
+
+#[test]
+fn register_unregister_while_threads_call() {
+    let _l = lock();
+    let (fp, s) = probe(64);
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0i64;
+                while !stop.load(SeqCst) {
+                    let (a, b) = (t * 100_000 + n % 1000, n % 977);
+                    assert_eq!(unsafe { tracee_two(a, b) }, a * 1000 + b);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let cycles = if cfg!(target_arch = "x86_64") { 40 } else { 15 };
+    let mut total = (0, 0);
+    for _ in 0..cycles {
+        s.off.store(false, SeqCst);
+        fprobe::register_fprobe_syms(&fp, &["tracee_two"]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        fprobe::unregister_fprobe(&fp).unwrap();
+        s.off.store(true, SeqCst);
+        let (e, x, bad) = counts(s);
+        assert!(x <= e, "exits {x} > entries {e} in one registration");
+        assert_eq!(bad, 0);
+        total = (total.0 + e, total.1 + x);
+        s.entries.store(0, SeqCst);
+        s.exits.store(0, SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert_eq!(s.late.load(SeqCst), 0, "a handler ran after unregister returned");
+    }
+    stop.store(true, SeqCst);
+    let calls: i64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(total.0 > 0 && total.1 > 0 && total.0 <= calls as u64, "{total:?} of {calls} calls");
+    assert_eq!((s.late.load(SeqCst), s.bad.load(SeqCst), fprobe::registered()), (0, 0, 0));
+}
+
