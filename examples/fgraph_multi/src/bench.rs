@@ -1,0 +1,208 @@
+//! The fgraph benchmark: entry only, entry+exit with and without
+//! timestamps, two users, and LLVM XRay's no-op handler (entry and exit)
+//! on the same empty function, side by side in one run.
+//!
+//! Two measures per row: wall time per call (best of several runs; noisy
+//! on shared machines) and, with `--callgrind`, instructions per call from
+//! valgrind's callgrind (exact and repeatable): the difference between two
+//! runs with different call counts, divided by the difference in calls, so
+//! set-up costs cancel out.
+
+use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
+use ftramp_runtime::ops::Filter;
+use ftramp_runtime::FtraceRegs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a row times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Untraced,
+    /// One user whose entry returns false (skip_timestamp).
+    EntryOnly,
+    /// One user, entry returns true, no-op ret, timestamps taken.
+    EntryExit,
+    /// The same with skip_timestamp.
+    EntryExitSkip,
+    /// Two such users (skip_timestamp): the loop over users.
+    TwoUsersSkip,
+}
+
+impl Mode {
+    pub const ALL: [(Mode, &'static str, &'static str); 5] = [
+        (Mode::Untraced, "untraced", "untraced"),
+        (Mode::EntryOnly, "entry-only", "fgraph entry only"),
+        (Mode::EntryExit, "entry-exit", "fgraph entry+exit, timestamps"),
+        (Mode::EntryExitSkip, "entry-exit-skip", "fgraph entry+exit, skip_timestamp"),
+        (Mode::TwoUsersSkip, "two-users", "2 users entry+exit, skip_timestamp"),
+    ];
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        Mode::ALL.iter().find(|m| m.1 == s).map(|m| m.0)
+    }
+}
+
+extern "C" {
+    fn bench_leaf();
+}
+
+extern "C" fn entry_false(_e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    false
+}
+
+extern "C" fn entry_true(_e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    true
+}
+
+extern "C" fn ret_nop(_r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {}
+
+/// Registers the mode's users, calls `bench_leaf` `calls` times,
+/// unregisters; ns per call.
+pub fn time(mode: Mode, calls: u64) -> f64 {
+    let f = || Filter::new().symbol("bench_leaf");
+    let user = |entry, skip| Arc::new(Fgraph::new(entry, ret_nop).filter(f()).skip_timestamp(skip));
+    let users = match mode {
+        Mode::Untraced => vec![],
+        Mode::EntryOnly => vec![user(entry_false, true)],
+        Mode::EntryExit => vec![user(entry_true, false)],
+        Mode::EntryExitSkip => vec![user(entry_true, true)],
+        Mode::TwoUsersSkip => vec![user(entry_true, true), user(entry_true, true)],
+    };
+    for u in &users {
+        if let Err(e) = fgraph::register_fgraph(u.clone()) {
+            eprintln!("fgraph_multi: cannot register an fgraph user: {e}");
+            std::process::exit(2);
+        }
+    }
+    let start = Instant::now();
+    for _ in 0..calls {
+        // SAFETY: a plain C function without arguments.
+        unsafe { bench_leaf() };
+    }
+    let ns = start.elapsed().as_nanos() as f64;
+    for u in &users {
+        let _ = fgraph::unregister_fgraph(u);
+    }
+    ns / calls.max(1) as f64
+}
+
+/// Instructions in a run of `exe args` under callgrind.
+fn callgrind_ir(exe: &Path, args: &[String]) -> Option<u64> {
+    let out = Command::new("valgrind")
+        .args(["--tool=callgrind", "--smc-check=all", "--callgrind-out-file=/dev/null"])
+        .arg(exe)
+        .args(args)
+        .output()
+        .ok()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().find(|l| l.contains("Collected :"))?;
+    line.rsplit(':').next()?.trim().replace(',', "").parse().ok()
+}
+
+fn per_call_ir(exe: &Path, args: impl Fn(u64) -> Vec<String>) -> Option<f64> {
+    let (n1, n2) = (20_000u64, 120_000u64);
+    let a = callgrind_ir(exe, &args(n1))?;
+    let b = callgrind_ir(exe, &args(n2))?;
+    Some((b as f64 - a as f64) / (n2 - n1) as f64)
+}
+
+/// Builds the XRay side with clang-14; None (with the reason printed) when
+/// clang or its XRay runtime is missing.
+fn build_xray() -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("xray").join("xray_bench.cpp");
+    let out = std::env::temp_dir().join(format!("ftramp-fgraph-xray-bench-{}", std::process::id()));
+    let r = Command::new("clang++-14")
+        .args(["-O2", "-fxray-instrument", "-fxray-instruction-threshold=1"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .output();
+    match r {
+        Ok(o) if o.status.success() => Some(out),
+        Ok(o) => {
+            eprintln!("XRay: clang++-14 failed: {}", String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or(""));
+            None
+        }
+        Err(e) => {
+            eprintln!("XRay: clang++-14 not available ({e}); install clang-14 and libclang-rt-14-dev");
+            None
+        }
+    }
+}
+
+fn xray_ns(exe: &Path, calls: u64, traced: bool) -> Option<f64> {
+    let out = Command::new(exe).arg(calls.to_string()).arg(if traced { "traced" } else { "untraced" }).output().ok()?;
+    let s = String::from_utf8_lossy(&out.stdout);
+    s.split_whitespace().nth(1)?.parse().ok()
+}
+
+struct Row {
+    name: String,
+    ns: f64,
+    ir: Option<f64>,
+}
+
+fn ratio(t: &[Row], a: &str, b: &str) -> (f64, Option<f64>) {
+    let get = |n: &str| t.iter().find(|r| r.name == n);
+    match (get(a), get(b)) {
+        (Some(a), Some(b)) => (a.ns / b.ns, a.ir.zip(b.ir).map(|(x, y)| x / y)),
+        _ => (f64::NAN, None),
+    }
+}
+
+/// Runs the benchmark and prints the table and the issue's ratios.
+pub fn run(calls: u64, callgrind: bool) {
+    let exe = std::env::current_exe().expect("own path");
+    let mut table = Vec::new();
+    for (mode, arg, name) in Mode::ALL {
+        time(mode, calls / 10); // warm up
+        let ns = (0..5).map(|_| time(mode, calls)).fold(f64::INFINITY, f64::min);
+        let ir = callgrind
+            .then(|| per_call_ir(&exe, |n| vec!["--quiet".into(), "--mode".into(), arg.into(), "--calls".into(), n.to_string()]))
+            .flatten();
+        table.push(Row { name: name.to_string(), ns, ir });
+    }
+    if let Some(x) = build_xray() {
+        for (name, traced) in [("XRay untraced", false), ("XRay no-op handler (entry+exit)", true)] {
+            let ns = (0..5).filter_map(|_| xray_ns(&x, calls, traced)).fold(f64::INFINITY, f64::min);
+            let ir = callgrind
+                .then(|| per_call_ir(&x, |n| vec![n.to_string(), if traced { "traced".into() } else { "untraced".into() }]))
+                .flatten();
+            table.push(Row { name: name.to_string(), ns, ir });
+        }
+        let _ = std::fs::remove_file(x);
+    }
+    let base = table.iter().find(|r| r.name == "fgraph entry only").map(|r| (r.ns, r.ir)).unwrap_or((f64::NAN, None));
+    println!("{:<36} {:>9} {:>11} {:>11} {:>11}", "configuration", "ns/call", "vs entry", "instr/call", "vs entry");
+    for r in &table {
+        let irs = r.ir.map(|i| format!("{i:.1}")).unwrap_or_else(|| "-".into());
+        let irr = match (r.ir, base.1) {
+            (Some(i), Some(o)) => format!("{:.2}x", i / o),
+            _ => "-".into(),
+        };
+        println!("{:<36} {:>9.2} {:>10.2}x {:>11} {:>11}", r.name, r.ns, r.ns / base.0, irs, irr);
+    }
+    println!();
+    let show = |what: &str, (ns, ir): (f64, Option<f64>), target: &str| {
+        let ir = ir.map(|i| format!("{i:.2}x")).unwrap_or_else(|| "-".into());
+        println!("{what:<52} {ns:>6.2}x ns {ir:>7} instr   target {target}");
+    };
+    println!("ratios (issue 5 targets):");
+    show("entry+exit (skip_timestamp) / entry only", ratio(&table, "fgraph entry+exit, skip_timestamp", "fgraph entry only"), "<= 1.8x");
+    show("entry+exit (timestamps) / entry only", ratio(&table, "fgraph entry+exit, timestamps", "fgraph entry only"), "<= 1.8x");
+    let (ns, ir) = ratio(&table, "fgraph entry+exit, skip_timestamp", "fgraph entry+exit, timestamps");
+    let gain = |x: f64| format!("{:.0} %", (1.0 - x) * 100.0);
+    println!(
+        "{:<52} {:>7} ns {:>7} instr   target >= 10 %",
+        "skip_timestamp gain (1 - skip / timestamps)",
+        gain(ns),
+        ir.map(gain).unwrap_or_else(|| "-".into())
+    );
+    show("fgraph entry+exit (skip_timestamp) / XRay no-op", ratio(&table, "fgraph entry+exit, skip_timestamp", "XRay no-op handler (entry+exit)"), "<= 1.0x");
+    show("fgraph entry+exit (timestamps) / XRay no-op", ratio(&table, "fgraph entry+exit, timestamps", "XRay no-op handler (entry+exit)"), "<= 1.0x");
+    if !callgrind {
+        println!("(instructions per call: add --callgrind; needs valgrind)");
+    }
+}
