@@ -52,8 +52,8 @@ if ((native_only == 0)); then
         [[ "$t" == "$(rustc -vV | sed -n 's/^host: //p')" ]] && continue
         log "runtime and JIT tests for $t under qemu-user"
         pkgs=(-p ftramp-exectest -p ftramp-runtime)
-        # The ops engine (live patching), its sample and the C API exist for aarch64 too.
-        [[ "$t" == aarch64-* ]] && pkgs+=(-p ftrace-ops -p ftramp-capi)
+        # The ops engine (live patching), its samples and the C API exist for aarch64 too.
+        [[ "$t" == aarch64-* ]] && pkgs+=(-p ftrace-ops -p ftramp-capi -p fprobe-example)
         cargo test --locked "${pkgs[@]}" --target "$t"
     done
 fi
