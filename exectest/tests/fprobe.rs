@@ -265,3 +265,93 @@ fn register_unregister_while_threads_call() {
     assert_eq!((s.late.load(SeqCst), s.bad.load(SeqCst), fprobe::registered()), (0, 0, 0));
 }
 
+
+/// For tracee_nested(n): n at entry, checked against the return value.
+fn nested_entry(fp: &Fprobe, _ip: usize, _r: usize, fregs: &mut FtraceRegs, data: &mut [u8]) -> EntryAction {
+    let s = stats(fp);
+    if s.off.load(SeqCst) {
+        s.late.fetch_add(1, SeqCst);
+    }
+    s.entries.fetch_add(1, SeqCst);
+    data[..8].copy_from_slice(&fregs.argument(0).unwrap().to_ne_bytes());
+    EntryAction::Continue
+}
+
+fn nested_exit(fp: &Fprobe, _ip: usize, _r: usize, fregs: &mut FtraceRegs, data: &mut [u8]) {
+    let s = stats(fp);
+    if s.off.load(SeqCst) {
+        s.late.fetch_add(1, SeqCst);
+    }
+    s.exits.fetch_add(1, SeqCst);
+    let n = i64::from_ne_bytes(data[..8].try_into().unwrap());
+    if fregs.return_value() as i64 != expect_nested(n) {
+        s.bad.fetch_add(1, SeqCst);
+    }
+}
+
+fn nested_probe(size: usize) -> (Arc<Fprobe>, &'static Stats) {
+    let s = new_stats();
+    let fp = Fprobe::new().entry_handler(nested_entry).exit_handler(nested_exit).entry_data_size(size).private(s as *const Stats as usize);
+    (Arc::new(fp), s)
+}
+
+/// Deep recursion keeps many calls in flight when unregister runs: none
+/// of them gets an exit afterwards.
+#[test]
+fn unregister_with_many_calls_in_flight() {
+    let _l = lock();
+    let (fp, s) = nested_probe(8);
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(SeqCst) {
+                    let d = 10 + (n + t) % 20;
+                    assert_eq!(unsafe { tracee_nested(d) }, expect_nested(d));
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let cycles = if cfg!(target_arch = "x86_64") { 30 } else { 10 };
+    for _ in 0..cycles {
+        s.off.store(false, SeqCst);
+        fprobe::register_fprobe_syms(&fp, &["tracee_nested"]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        fprobe::unregister_fprobe(&fp).unwrap();
+        s.off.store(true, SeqCst);
+        let (e, x, bad) = counts(s);
+        assert!(x <= e, "exits {x} > entries {e} in one registration");
+        assert_eq!(bad, 0);
+        s.entries.store(0, SeqCst);
+        s.exits.store(0, SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert_eq!(s.late.load(SeqCst), 0, "a handler ran after unregister returned");
+    }
+    stop.store(true, SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!((s.late.load(SeqCst), s.bad.load(SeqCst)), (0, 0));
+}
+
+/// Entry data that does not fit on a thread's shadow stack counts a miss
+/// and leaves that call unprobed; the program still runs untouched.
+#[test]
+fn entry_data_not_fitting_counts_nmissed() {
+    let _l = lock();
+    let (fp, s) = nested_probe(ENTRY_DATA_MAX);
+    fprobe::register_fprobe_syms(&fp, &["tracee_nested"]).unwrap();
+    // A small shadow stack for the thread created next.
+    ftramp_runtime::fgraph::set_stack_words(200);
+    let t = std::thread::spawn(|| unsafe { tracee_nested(40) });
+    let r = t.join();
+    ftramp_runtime::fgraph::set_stack_words(0);
+    fprobe::unregister_fprobe(&fp).unwrap();
+    assert_eq!(r.unwrap(), expect_nested(40));
+    let (e, x, bad) = counts(s);
+    assert!(fp.nmissed() >= 1, "nmissed {} entries {e}", fp.nmissed());
+    assert!((1..41).contains(&e) && x == e && bad == 0, "entries {e} exits {x} bad {bad}");
+}
