@@ -93,3 +93,14 @@ fn a_bad_filter_is_refused() {
     assert!(!ok, "{out}");
     assert!(out.contains("bad filter"), "{out}");
 }
+
+#[test]
+fn every_benchmark_mode_runs() {
+    for mode in ["untraced", "entry-only", "entry-exit", "entry-exit-skip", "two-users"] {
+        let (ok, out) = run(&["--quiet", "--mode", mode, "--calls", "2000"]);
+        assert!(ok, "{mode}: {out}");
+        assert!(out.trim().parse::<f64>().is_ok_and(|ns| ns > 0.0), "{mode}: {out}");
+    }
+    let (ok, out) = run(&["--mode", "nope"]);
+    assert!(!ok && out.contains("unknown mode"), "{out}");
+}
