@@ -1,6 +1,7 @@
 //! The fgraph benchmark: entry only, entry+exit with and without
-//! timestamps, two users, and LLVM XRay's no-op handler (entry and exit)
-//! on the same empty function, side by side in one run.
+//! timestamps, two users, fprobe entry only and entry+exit, and LLVM
+//! XRay's no-op handler (entry and exit) on the same empty function, side
+//! by side in one run.
 //!
 //! Two measures per row: wall time per call (best of several runs; noisy
 //! on shared machines) and, with `--callgrind`, instructions per call from
@@ -9,6 +10,7 @@
 //! set-up costs cancel out.
 
 use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
+use ftramp_runtime::fprobe::{self, EntryAction, Fprobe};
 use ftramp_runtime::ops::Filter;
 use ftramp_runtime::FtraceRegs;
 use std::path::{Path, PathBuf};
@@ -28,15 +30,21 @@ pub enum Mode {
     EntryExitSkip,
     /// Two such users (skip_timestamp): the loop over users.
     TwoUsersSkip,
+    /// An fprobe with a no-op entry handler, no exit handler.
+    FprobeEntry,
+    /// An fprobe with no-op entry and exit handlers.
+    FprobeEntryExit,
 }
 
 impl Mode {
-    pub const ALL: [(Mode, &'static str, &'static str); 5] = [
+    pub const ALL: [(Mode, &'static str, &'static str); 7] = [
         (Mode::Untraced, "untraced", "untraced"),
         (Mode::EntryOnly, "entry-only", "fgraph entry only"),
         (Mode::EntryExit, "entry-exit", "fgraph entry+exit, timestamps"),
         (Mode::EntryExitSkip, "entry-exit-skip", "fgraph entry+exit, skip_timestamp"),
         (Mode::TwoUsersSkip, "two-users", "2 users entry+exit, skip_timestamp"),
+        (Mode::FprobeEntry, "fprobe-entry", "fprobe entry only"),
+        (Mode::FprobeEntryExit, "fprobe-entry-exit", "fprobe entry+exit"),
     ];
 
     pub fn parse(s: &str) -> Option<Mode> {
@@ -58,13 +66,31 @@ extern "C" fn entry_true(_e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> boo
 
 extern "C" fn ret_nop(_r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {}
 
+fn fp_entry_nop(_fp: &Fprobe, _ip: usize, _ret_ip: usize, _f: &mut FtraceRegs, _d: &mut [u8]) -> EntryAction {
+    EntryAction::Continue
+}
+
+fn fp_exit_nop(_fp: &Fprobe, _ip: usize, _ret_ip: usize, _f: &mut FtraceRegs, _d: &mut [u8]) {}
+
 /// Registers the mode's users, calls `bench_leaf` `calls` times,
 /// unregisters; ns per call.
 pub fn time(mode: Mode, calls: u64) -> f64 {
     let f = || Filter::new().symbol("bench_leaf");
     let user = |entry, skip| Arc::new(Fgraph::new(entry, ret_nop).filter(f()).skip_timestamp(skip));
+    let probe = match mode {
+        Mode::FprobeEntry => Some(Fprobe::new().entry_handler(fp_entry_nop)),
+        Mode::FprobeEntryExit => Some(Fprobe::new().entry_handler(fp_entry_nop).exit_handler(fp_exit_nop)),
+        _ => None,
+    }
+    .map(Arc::new);
+    if let Some(fp) = &probe {
+        if let Err(e) = fprobe::register_fprobe_syms(fp, &["bench_leaf"]) {
+            eprintln!("fgraph_multi: cannot register an fprobe: {e}");
+            std::process::exit(2);
+        }
+    }
     let users = match mode {
-        Mode::Untraced => vec![],
+        Mode::Untraced | Mode::FprobeEntry | Mode::FprobeEntryExit => vec![],
         Mode::EntryOnly => vec![user(entry_false, true)],
         Mode::EntryExit => vec![user(entry_true, false)],
         Mode::EntryExitSkip => vec![user(entry_true, true)],
@@ -84,6 +110,9 @@ pub fn time(mode: Mode, calls: u64) -> f64 {
     let ns = start.elapsed().as_nanos() as f64;
     for u in &users {
         let _ = fgraph::unregister_fgraph(u);
+    }
+    if let Some(fp) = &probe {
+        let _ = fprobe::unregister_fprobe(fp);
     }
     ns / calls.max(1) as f64
 }
@@ -192,6 +221,7 @@ pub fn run(calls: u64, callgrind: bool) {
     println!("ratios (issue 5 targets):");
     show("entry+exit (skip_timestamp) / entry only", ratio(&table, "fgraph entry+exit, skip_timestamp", "fgraph entry only"), "<= 1.8x");
     show("entry+exit (timestamps) / entry only", ratio(&table, "fgraph entry+exit, timestamps", "fgraph entry only"), "<= 1.8x");
+    show("fprobe entry+exit / fprobe entry only", ratio(&table, "fprobe entry+exit", "fprobe entry only"), "<= 1.8x");
     let (ns, ir) = ratio(&table, "fgraph entry+exit, skip_timestamp", "fgraph entry+exit, timestamps");
     let gain = |x: f64| format!("{:.0} %", (1.0 - x) * 100.0);
     println!(
