@@ -470,3 +470,52 @@ fn a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops() {
         assert!(jit.set_word(DataWord::TracerFunc(2), funcs[2] as usize));
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+mod flags {
+    //! The regs tier restores the arithmetic flags, and a tracer's change
+    //! to `pt_regs.flags` is what the code after the site sees.
+    use super::*;
+
+    extern "C" {
+        fn arch_flags_tracee() -> u64;
+        fn arch_call_with_flags(f: usize, flags: u64) -> u64;
+    }
+
+    static SET_FLAGS: AtomicU64 = AtomicU64::new(u64::MAX);
+    static SEEN_FLAGS: AtomicU64 = AtomicU64::new(0);
+
+    unsafe extern "C" fn flags_tracer(_ip: usize, _parent: usize, _op: *const TestOps, fregs: *mut FtraceRegs) {
+        let fregs = &mut *fregs;
+        SEEN_FLAGS.store(fregs.flags().unwrap(), SeqCst);
+        let v = SET_FLAGS.load(SeqCst);
+        if v != u64::MAX {
+            fregs.set_flags(v);
+        }
+    }
+
+    /// CF PF AF ZF SF OF.
+    const ARITH: u64 = 0x1 | 0x4 | 0x10 | 0x40 | 0x80 | 0x800;
+
+    #[test]
+    fn the_regs_tier_restores_and_changes_the_arithmetic_flags() {
+        let fx = fixture();
+        fx.jit.set_word(DataWord::DirectFunc, addr!(flags_tracer));
+        let f = addr!(arch_flags_tracee);
+        let v = Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Direct };
+        for want in [0x202 | 0x1 | 0x40 | 0x800, 0x202 | 0x80 | 0x4, 0x202, 0x202 | ARITH] {
+            SET_FLAGS.store(u64::MAX, SeqCst);
+            let untraced = unsafe { arch_call_with_flags(f, want) };
+            assert_eq!(untraced & ARITH, want & ARITH, "the harness itself");
+            let got = with_site(f, fx.jit.entry(v).unwrap(), || unsafe { arch_call_with_flags(f, want) });
+            assert_eq!(SEEN_FLAGS.load(SeqCst) & ARITH, want & ARITH, "pt_regs.flags at entry ({want:#x})");
+            assert_eq!(got & ARITH, want & ARITH, "flags after the site ({want:#x}, got {got:#x})");
+            // A tracer's change takes effect.
+            let other = (want ^ ARITH) & ARITH | 0x202;
+            SET_FLAGS.store(other, SeqCst);
+            let got = with_site(f, fx.jit.entry(v).unwrap(), || unsafe { arch_call_with_flags(f, want) });
+            assert_eq!(got & ARITH, other & ARITH, "changed flags ({other:#x}, got {got:#x})");
+        }
+        SET_FLAGS.store(u64::MAX, SeqCst);
+    }
+}

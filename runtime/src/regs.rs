@@ -139,6 +139,24 @@ impl FtraceRegs {
         Some(self.read(slot.offset as usize))
     }
 
+    /// The saved flags register (`pt_regs.flags`; `regs` tier only), if
+    /// the arch has one.
+    pub fn flags(&self) -> Option<u64> {
+        let slot = offsets().layout.slot(SlotKind::Flags)?;
+        Some(self.read(slot.offset as usize))
+    }
+
+    /// Changes the flags the traced function resumes with (`regs` tier).
+    pub fn set_flags(&mut self, v: u64) -> bool {
+        match offsets().layout.slot(SlotKind::Flags) {
+            Some(slot) => {
+                self.write(slot.offset as usize, v);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The host layout (for tools that print registers).
     pub fn layout() -> &'static FrameLayout {
         &offsets().layout

@@ -36,7 +36,23 @@ __asm__(
 	"	mov %rdx, (%rcx)\n"
 	"	pop %r15\n	pop %r14\n	pop %r13\n	pop %r12\n	pop %rbp\n	pop %rbx\n"
 	"	ret\n"
-	".size arch_call_checked, .-arch_call_checked\n");
+	".size arch_call_checked, .-arch_call_checked\n"
+
+	/* A function whose patch site (five NOPs) is followed by reading the
+	 * flags: it returns the flags the code after the site sees.  And a
+	 * caller that sets the flags to its second argument first. */
+	".globl arch_flags_tracee\n"
+	".type arch_flags_tracee,@function\n"
+	".p2align 4\n"
+	"arch_flags_tracee:\n"
+	"	.byte 0x90, 0x90, 0x90, 0x90, 0x90\n"
+	"	pushfq\n	pop %rax\n	ret\n"
+	".size arch_flags_tracee, .-arch_flags_tracee\n"
+	".globl arch_call_with_flags\n"
+	".type arch_call_with_flags,@function\n"
+	"arch_call_with_flags:\n"
+	"	push %rsi\n	popfq\n	jmp *%rdi\n"
+	".size arch_call_with_flags, .-arch_call_with_flags\n");
 #endif
 
 /* The enabled form of a site (used by the object test; the JIT test uses

@@ -115,18 +115,18 @@ impl Emitter for X64Emitter {
 
     fn restore_flags(&mut self, off: i32, _scratch: Reg) -> Result<(), CodegenError> {
         // The arithmetic flags only, without `popfq` (microcoded, ~20
-        // cycles): OF first (`add al, 0x7f` overflows exactly when al is 1),
-        // then SF ZF AF PF CF from the saved low byte with `sahf`, which
-        // leaves OF alone.  DF is clear at every call and return by the ABI;
-        // the system flags cannot change in user mode.  Clobbers rax, which
-        // the regs tier reloads from its slot right after.
+        // cycles).  OF first: the saved flags' second byte is
+        // `TF IF DF OF IOPL NT 0` from bit 0, which in user mode (IF=1,
+        // IOPL=NT=0) is 0x02..0x07 without OF and 0x0a..0x0f with it;
+        // `cmp byte, 0x8a` (b - (-118)) overflows exactly for the latter.
+        // Then SF ZF AF PF CF from the first byte with `sahf`, which leaves
+        // OF alone.  DF is clear at every call and return by the ABI; the
+        // system flags cannot change in user mode.  Clobbers ah: the regs
+        // tier reloads rax from its slot right after.
         let d = Self::disp(off)?;
         let d1 = Self::disp(off + 1)?;
         dynasm!(self.ops ; .arch x64
-            ; movzx eax, BYTE [rsp + d1] // flags bits 8..15; OF is bit 11
-            ; shr al, 3
-            ; and al, 1
-            ; add al, 0x7f
+            ; cmp BYTE [rsp + d1], -118
             ; mov ah, BYTE [rsp + d]
             ; sahf
         );
