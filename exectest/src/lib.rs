@@ -1,16 +1,21 @@
 //! The C side of the execution tests (see `tests/c/`).
 #![allow(clippy::too_many_arguments)]
 
-extern "C" {
-    pub fn tracee_args(a: i64, b: i64, c: i64, d: i64, e: i64, f: i64, g: i64, h: i64, x: f64, y: f64) -> i64;
-    pub fn tracee_args_alt(a: i64, b: i64, c: i64, d: i64, e: i64, f: i64, g: i64, h: i64, x: f64, y: f64) -> i64;
-    pub fn tracee_fp(x: f64, y: f64, n: i64) -> f64;
-    pub fn tracee_two(a: i64, b: i64) -> i64;
-    pub fn tracee_nested(n: i64) -> i64;
-    pub fn tracee_callsite(a: i64, b: i64) -> i64;
+// SAFETY: these are the declarations of tests/c/{tracee,tracee_callsite,
+// harness}.c, with their C signatures.  The tracees are plain C functions
+// of integers and doubles with no preconditions, so they are declared
+// `safe`; `arch_call_checked` calls an arbitrary address and stays unsafe.
+unsafe extern "C" {
+    pub safe fn tracee_args(a: i64, b: i64, c: i64, d: i64, e: i64, f: i64, g: i64, h: i64, x: f64, y: f64) -> i64;
+    pub safe fn tracee_args_alt(a: i64, b: i64, c: i64, d: i64, e: i64, f: i64, g: i64, h: i64, x: f64, y: f64) -> i64;
+    pub safe fn tracee_fp(x: f64, y: f64, n: i64) -> f64;
+    pub safe fn tracee_two(a: i64, b: i64) -> i64;
+    pub safe fn tracee_nested(n: i64) -> i64;
+    pub safe fn tracee_callsite(a: i64, b: i64) -> i64;
+    /// Calls `f(a, b)` with known values in every callee-saved register.
     pub fn arch_call_checked(f: usize, a: i64, b: i64, bad: *mut u64) -> i64;
     pub fn arch_sp_probe(ip: usize, parent: usize, op: usize, fregs: usize);
-    pub fn arch_sp_mod() -> u64;
+    pub safe fn arch_sp_mod() -> u64;
     pub static arch_probe_sp: u64;
     pub static arch_probe_calls: u64;
 }

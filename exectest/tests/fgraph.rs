@@ -15,9 +15,11 @@ use ftramp_runtime::FtraceRegs;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-extern "C" {
-    fn tracee_jmp_driver(n: i64) -> i64;
-    fn tracee_jmp_loop(iters: i64, n: i64) -> i64;
+// SAFETY: tests/c/tracee_fgraph.c's functions with their C signatures;
+// integers only, no preconditions.
+unsafe extern "C" {
+    safe fn tracee_jmp_driver(n: i64) -> i64;
+    safe fn tracee_jmp_loop(iters: i64, n: i64) -> i64;
 }
 
 static LOCK: Mutex<()> = Mutex::new(());
@@ -126,7 +128,7 @@ fn two_users_keep_their_own_data() {
     fgraph::register_fgraph(a.clone()).unwrap();
     fgraph::register_fgraph(b.clone()).unwrap();
     assert!(matches!(fgraph::register_fgraph(a.clone()), Err(FgraphError::AlreadyRegistered)));
-    unsafe {
+    {
         assert_eq!(tracee_nested(6), expect_nested(6));
         assert_eq!(tracee_two(3, 4), 3004);
         assert_eq!(tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 0.5, 0.25), expect_args([1, 2, 3, 4, 5, 6, 7, 8], 0.5, 0.25));
@@ -135,7 +137,7 @@ fn two_users_keep_their_own_data() {
     fgraph::unregister_fgraph(&a).unwrap();
     fgraph::unregister_fgraph(&b).unwrap();
     assert!(matches!(fgraph::unregister_fgraph(&b), Err(FgraphError::NotRegistered)));
-    unsafe { tracee_two(1, 1) };
+    tracee_two(1, 1);
     assert_eq!((sa.entries.load(SeqCst), sa.rets.load(SeqCst), sa.bad.load(SeqCst)), (8, 8, 0));
     assert_eq!((sb.entries.load(SeqCst), sb.rets.load(SeqCst), sb.bad.load(SeqCst)), (9, 9, 0));
 }
@@ -145,7 +147,7 @@ fn depths_and_a_local_value_from_entry_to_exit() {
     let _l = lock();
     let (a, s) = user(Filter::new().symbol("tracee_nested"));
     fgraph::register_fgraph(a.clone()).unwrap();
-    unsafe { assert_eq!(tracee_nested(4), expect_nested(4)) };
+    assert_eq!(tracee_nested(4), expect_nested(4));
     fgraph::unregister_fgraph(&a).unwrap();
     let d = s.depths.lock().unwrap();
     let seen: Vec<(usize, i64)> = d.iter().map(|(dep, _, n)| (*dep, *n)).collect();
@@ -163,13 +165,13 @@ fn return_values_are_seen_and_changed_and_entry_can_refuse_the_return() {
     s.set_ret.store(42, SeqCst);
     s.refuse_arg.store(5, SeqCst);
     fgraph::register_fgraph(a.clone()).unwrap();
-    unsafe {
+    {
         assert_eq!(tracee_two(3, 4), 42, "changed by the ret callback");
         assert_eq!(tracee_two(5, 4), 5004, "entry refused: no ret callback");
     }
     fgraph::unregister_fgraph(&a).unwrap();
     assert_eq!((s.entries.load(SeqCst), s.rets.load(SeqCst), s.bad.load(SeqCst)), (2, 1, 0));
-    unsafe { assert_eq!(tracee_two(3, 4), 3004) };
+    assert_eq!(tracee_two(3, 4), 3004);
 }
 
 static SKIP_TIMES: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
@@ -188,7 +190,7 @@ fn skip_timestamp_reads_no_clock() {
     SKIP_TIMES.lock().unwrap().clear();
     let u = Arc::new(Fgraph::new(plain_entry, times_ret).filter(Filter::new().symbol("tracee_two")).skip_timestamp(true));
     fgraph::register_fgraph(u.clone()).unwrap();
-    unsafe { assert_eq!(tracee_two(1, 2), 1002) };
+    assert_eq!(tracee_two(1, 2), 1002);
     fgraph::unregister_fgraph(&u).unwrap();
     assert_eq!(*SKIP_TIMES.lock().unwrap(), vec![(0, 0)]);
 }
@@ -215,7 +217,7 @@ fn hijacked_return_addresses_map_back_for_unwinders() {
     UNWOUND.lock().unwrap().clear();
     let u = Arc::new(Fgraph::new(unwind_entry, nop_ret).filter(Filter::new().symbol("tracee_nested")));
     fgraph::register_fgraph(u.clone()).unwrap();
-    unsafe { assert_eq!(tracee_nested(3), expect_nested(3)) };
+    assert_eq!(tracee_nested(3), expect_nested(3));
     fgraph::unregister_fgraph(&u).unwrap();
     let v = UNWOUND.lock().unwrap().clone();
     assert_eq!(v.len(), 3);
@@ -266,7 +268,7 @@ fn shadow_stack_overflow_counts_misses_and_results_stay_right() {
     // (4 fixed, 8 bytes of data and its header, the frame header).
     fgraph::set_stack_words(64);
     let (r, misses, depth) = std::thread::spawn(|| {
-        let r = unsafe { tracee_nested(40) };
+        let r = tracee_nested(40);
         (r, fgraph::thread_misses(), fgraph::depth())
     })
     .join()
@@ -291,7 +293,7 @@ fn threads_have_their_own_shadow_stacks() {
             std::thread::spawn(move || {
                 for i in 0..200 {
                     let n = (t + i) % 12;
-                    assert_eq!(unsafe { tracee_nested(n) }, expect_nested(n));
+                    assert_eq!(tracee_nested(n), expect_nested(n));
                 }
                 fgraph::depth()
             })
@@ -315,18 +317,18 @@ extern "C" fn count_ret(_r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {
 #[test]
 fn longjmp_out_of_traced_calls_resynchronises() {
     let _l = lock();
-    let untraced = unsafe { (tracee_jmp_driver(5), tracee_jmp_loop(50, 3)) };
+    let untraced = (tracee_jmp_driver(5), tracee_jmp_loop(50, 3));
     assert_eq!(untraced, (1405, 50 * 1403));
     JMP_RETS.store(0, SeqCst);
     let u = Arc::new(Fgraph::new(plain_entry, count_ret).filter(Filter::new().glob("tracee_jmp_*").unwrap()).skip_timestamp(true));
     fgraph::register_fgraph(u.clone()).unwrap();
     let stale = fgraph::stale_frames();
     let misses = fgraph::misses();
-    let traced = unsafe { (tracee_jmp_driver(5), tracee_jmp_loop(50, 3)) };
+    let traced = (tracee_jmp_driver(5), tracee_jmp_loop(50, 3));
     let depth = fgraph::depth();
     // Many iterations on a thread with a small stack: a leak would overflow.
     fgraph::set_stack_words(128);
-    let (r, d, m) = std::thread::spawn(|| (unsafe { tracee_jmp_loop(500, 4) }, fgraph::depth(), fgraph::thread_misses())).join().unwrap();
+    let (r, d, m) = std::thread::spawn(|| (tracee_jmp_loop(500, 4), fgraph::depth(), fgraph::thread_misses())).join().unwrap();
     fgraph::set_stack_words(0);
     fgraph::unregister_fgraph(&u).unwrap();
     assert_eq!(traced, untraced);
@@ -349,7 +351,7 @@ fn at_most_sixteen_users() {
     }
     let (extra, _) = user(Filter::new().symbol("tracee_two"));
     assert!(matches!(fgraph::register_fgraph(extra), Err(FgraphError::Full)));
-    unsafe { assert_eq!(tracee_two(2, 3), 2003) };
+    assert_eq!(tracee_two(2, 3), 2003);
     for (u, s) in &users {
         fgraph::unregister_fgraph(u).unwrap();
         assert_eq!((s.entries.load(SeqCst), s.rets.load(SeqCst), s.bad.load(SeqCst)), (1, 1, 0));
@@ -361,7 +363,7 @@ static RECURSE_CALLS: AtomicU64 = AtomicU64::new(0);
 /// Calls a traced function from inside the callback.
 extern "C" fn recursing_entry(_e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> bool {
     RECURSE_CALLS.fetch_add(1, SeqCst);
-    assert_eq!(unsafe { tracee_two(7, 8) }, 7008);
+    assert_eq!(tracee_two(7, 8), 7008);
     true
 }
 
@@ -372,7 +374,7 @@ fn a_callback_calling_traced_functions_does_not_recurse() {
     let u = Arc::new(Fgraph::new(recursing_entry, nop_ret).filter(Filter::new().symbol("tracee_two")));
     fgraph::register_fgraph(u.clone()).unwrap();
     let before = fgraph::recursion_misses();
-    unsafe { assert_eq!(tracee_two(1, 2), 1002) };
+    assert_eq!(tracee_two(1, 2), 1002);
     fgraph::unregister_fgraph(&u).unwrap();
     assert_eq!(RECURSE_CALLS.load(SeqCst), 1);
     assert_eq!(fgraph::recursion_misses() - before, 1);
@@ -383,7 +385,7 @@ static SIG_RUNS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_alarm(_sig: i32) {
     SIG_RUNS.fetch_add(1, SeqCst);
-    if unsafe { tracee_nested(3) } != expect_nested(3) {
+    if tracee_nested(3) != expect_nested(3) {
         SIG_BAD.fetch_add(1, SeqCst);
     }
 }
@@ -396,6 +398,7 @@ fn signal_handlers_calling_traced_functions_nest_on_the_shadow_stack() {
     fgraph::register_fgraph(u.clone()).unwrap();
     // SIGPROF on this thread's CPU time: lands anywhere (traced bodies,
     // trampolines, callbacks, return_to_handler).
+    // SAFETY: zeroed sigaction/itimerval are valid; the handler only touches atomics and traced C code.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_alarm as *const () as usize;
@@ -408,11 +411,12 @@ fn signal_handlers_calling_traced_functions_nest_on_the_shadow_stack() {
     let start = std::time::Instant::now();
     while SIG_RUNS.load(SeqCst) < 200 && start.elapsed() < std::time::Duration::from_secs(20) {
         for n in 0..10 {
-            if unsafe { tracee_nested(n) } != expect_nested(n) {
+            if tracee_nested(n) != expect_nested(n) {
                 wrong += 1;
             }
         }
     }
+    // SAFETY: zeroed sigaction/itimerval are valid; the handler only touches atomics and traced C code.
     unsafe {
         let t: libc::itimerval = std::mem::zeroed();
         libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut());
@@ -429,8 +433,11 @@ fn signal_handlers_calling_traced_functions_nest_on_the_shadow_stack() {
     assert_eq!(SMALL[0].load(SeqCst), SMALL[1].load(SeqCst));
 }
 
-extern "C" {
-    fn tracee_fork_call(after: extern "C" fn(i64) -> i64, n: i64) -> i64;
+// SAFETY: tests/c/tracee_fork.c's functions with their C signatures.
+// `tracee_fork_call` takes a function pointer of the right type, so it is
+// safe; `tracee_exec_call` takes C strings the caller must provide.
+unsafe extern "C" {
+    safe fn tracee_fork_call(after: extern "C" fn(i64) -> i64, n: i64) -> i64;
     fn tracee_exec_call(path: *const libc::c_char, argv: *const *const libc::c_char, n: i64) -> i64;
 }
 
@@ -442,7 +449,7 @@ extern "C" fn after_fork(pid: i64) -> i64 {
     FORK_PID.store(pid, SeqCst);
     let mut ok = fgraph::depth() == 1;
     for n in 0..8 {
-        ok &= unsafe { tracee_nested(n) } == expect_nested(n);
+        ok &= tracee_nested(n) == expect_nested(n);
     }
     ok &= fgraph::depth() == 1;
     ok as i64 + if pid == 0 { 2 } else { 0 }
@@ -464,19 +471,21 @@ fn fork_inside_a_traced_call_keeps_both_processes_tracing() {
     SMALL.iter().for_each(|c| c.store(0, SeqCst));
     let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_fork_call").symbol("tracee_nested")).skip_timestamp(true));
     fgraph::register_fgraph(u.clone()).unwrap();
-    let r = unsafe { tracee_fork_call(after_fork, 5) };
+    let r = tracee_fork_call(after_fork, 5);
     if FORK_PID.load(SeqCst) == 0 {
         // The child (after_fork added 2): report by exit status, never
         // return into the test harness.
         let code = fork_checks(r, 35);
+        // SAFETY: plain process calls; the child runs only async-signal-safe code before _exit.
         unsafe { libc::_exit(code) };
     }
     let parent = fork_checks(r, 15);
     let child = FORK_PID.load(SeqCst) as libc::pid_t;
     let mut status = 0;
+    // SAFETY: plain process calls; the child runs only async-signal-safe code before _exit.
     let pid = unsafe { libc::waitpid(child, &mut status, 0) };
     // The parent goes on tracing after the fork.
-    let more = unsafe { tracee_nested(4) };
+    let more = tracee_nested(4);
     let depth = fgraph::depth();
     fgraph::unregister_fgraph(&u).unwrap();
     assert!(child > 0 && pid == child, "fork/wait: {}", std::io::Error::last_os_error());
@@ -497,6 +506,7 @@ fn exec_from_inside_a_traced_call() {
     // A failed exec returns through the hijacked return.
     let missing = CString::new("/nonexistent/ftramp-exec").unwrap();
     let argv = [missing.as_ptr(), std::ptr::null()];
+    // SAFETY: NUL-terminated C strings and a NULL-terminated argv, alive for the call.
     assert_eq!(unsafe { tracee_exec_call(missing.as_ptr(), argv.as_ptr(), 4) }, 1004);
     assert_eq!(fgraph::depth(), 0);
     // Successful execs in children: the new program runs untouched and its
@@ -505,21 +515,24 @@ fn exec_from_inside_a_traced_call() {
         let c: Vec<CString> = args.iter().map(|a| CString::new(*a).unwrap()).collect();
         let mut argv: Vec<*const libc::c_char> = c.iter().map(|a| a.as_ptr()).collect();
         argv.push(std::ptr::null());
+        // SAFETY: NUL-terminated C strings and a NULL-terminated argv, alive for the call.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
+            // SAFETY: NUL-terminated C strings and a NULL-terminated argv, alive for the call.
             unsafe {
                 tracee_exec_call(argv[0], argv.as_ptr(), 0);
                 libc::_exit(99);
             }
         }
         let mut status = 0;
+        // SAFETY: plain process calls; the child runs only async-signal-safe code before _exit.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         assert!(libc::WIFEXITED(status), "{args:?}: status {status:#x}");
         assert_eq!(libc::WEXITSTATUS(status), want, "{args:?}");
     }
     // This process goes on tracing.
-    let r = unsafe { tracee_nested(3) };
+    let r = tracee_nested(3);
     let depth = fgraph::depth();
     fgraph::unregister_fgraph(&u).unwrap();
     assert_eq!((r, depth), (expect_nested(3), 0));

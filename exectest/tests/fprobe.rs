@@ -108,12 +108,12 @@ fn entry_token_is_checked_at_exit_with_the_return_value() {
     assert!(fp.is_registered());
     assert!(matches!(fprobe::register_fprobe_syms(&fp, &["tracee_two"]), Err(FprobeError::AlreadyRegistered)));
     for i in 0..10 {
-        assert_eq!(unsafe { tracee_two(i, 7) }, i * 1000 + 7);
+        assert_eq!(tracee_two(i, 7), i * 1000 + 7);
     }
     fprobe::unregister_fprobe(&fp).unwrap();
     assert!(!fp.is_registered());
     assert!(matches!(fprobe::unregister_fprobe(&fp), Err(FprobeError::NotRegistered)));
-    unsafe { tracee_two(1, 1) };
+    tracee_two(1, 1);
     assert_eq!(counts(s), (10, 10, 0));
     assert_eq!((fp.nmissed(), fprobe::registered()), (0, 0));
 }
@@ -124,7 +124,7 @@ fn an_entry_skipping_the_exit_gets_no_exit() {
     let (fp, s) = probe(24);
     s.skip_arg.store(5, SeqCst);
     fprobe::register_fprobe(&fp, "tracee_two", None).unwrap();
-    unsafe {
+    {
         assert_eq!(tracee_two(3, 4), 3004);
         assert_eq!(tracee_two(5, 4), 5004);
         assert_eq!(tracee_two(6, 4), 6004);
@@ -143,7 +143,7 @@ fn entry_data_size_is_limited_to_120_bytes() {
     assert!(!big.is_registered());
     let (fp, s) = probe(ENTRY_DATA_MAX);
     fprobe::register_fprobe_syms(&fp, &["tracee_two"]).unwrap();
-    unsafe { assert_eq!(tracee_two(2, 9), 2009) };
+    assert_eq!(tracee_two(2, 9), 2009);
     fprobe::unregister_fprobe(&fp).unwrap();
     assert_eq!(counts(s), (1, 1, 0));
     let e = fprobe::register_fprobe_syms(&Arc::new(Fprobe::new()), &["tracee_two"]).unwrap_err();
@@ -166,7 +166,7 @@ fn filters_by_glob_notfilter_address_and_symbol() {
     let _l = lock();
     SEEN.lock().unwrap().clear();
     let fp = Arc::new(Fprobe::new().entry_handler(record_entry));
-    let call_all = || unsafe {
+    let call_all = || {
         tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 0.5, 0.25);
         tracee_args_alt(2, 2, 3, 4, 5, 6, 7, 8, 0.5, 0.25);
         tracee_two(3, 1);
@@ -214,10 +214,10 @@ fn two_fprobes_on_one_function_are_both_called() {
     fprobe::register_fprobe(&b, "tracee_t*", None).unwrap();
     sb.skip_arg.store(4, SeqCst);
     for i in 0..6 {
-        assert_eq!(unsafe { tracee_two(i, i) }, i * 1001);
+        assert_eq!(tracee_two(i, i), i * 1001);
     }
     fprobe::unregister_fprobe(&a).unwrap();
-    unsafe { tracee_two(7, 7) };
+    tracee_two(7, 7);
     fprobe::unregister_fprobe(&b).unwrap();
     assert_eq!(counts(sa), (6, 6, 0));
     assert_eq!(counts(sb), (7, 6, 0));
@@ -235,7 +235,7 @@ fn register_unregister_while_threads_call() {
                 let mut n = 0i64;
                 while !stop.load(SeqCst) {
                     let (a, b) = (t * 100_000 + n % 1000, n % 977);
-                    assert_eq!(unsafe { tracee_two(a, b) }, a * 1000 + b);
+                    assert_eq!(tracee_two(a, b), a * 1000 + b);
                     n += 1;
                 }
                 n
@@ -309,7 +309,7 @@ fn unregister_with_many_calls_in_flight() {
                 let mut n = 0;
                 while !stop.load(SeqCst) {
                     let d = 10 + (n + t) % 20;
-                    assert_eq!(unsafe { tracee_nested(d) }, expect_nested(d));
+                    assert_eq!(tracee_nested(d), expect_nested(d));
                     n += 1;
                 }
             })
@@ -346,7 +346,7 @@ fn entry_data_not_fitting_counts_nmissed() {
     fprobe::register_fprobe_syms(&fp, &["tracee_nested"]).unwrap();
     // A small shadow stack for the thread created next.
     ftramp_runtime::fgraph::set_stack_words(200);
-    let t = std::thread::spawn(|| unsafe { tracee_nested(40) });
+    let t = std::thread::spawn(|| tracee_nested(40));
     let r = t.join();
     ftramp_runtime::fgraph::set_stack_words(0);
     fprobe::unregister_fprobe(&fp).unwrap();

@@ -185,7 +185,7 @@ fn the_tracer_sees_ip_parent_ops_and_every_argument() {
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
         lock(&SEEN).clear();
         let f = addr!(tracee_args);
-        let got = with_site(f, fx.jit.entry(v).unwrap(), || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        let got = with_site(f, fx.jit.entry(v).unwrap(), || tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25));
         assert_eq!(got, expect_args(A, 1.5, 2.25), "{v}: result");
         let seen = lock(&SEEN).clone();
         assert_eq!(seen.len(), 1, "{v}: one callback");
@@ -201,7 +201,7 @@ fn the_tracer_sees_ip_parent_ops_and_every_argument() {
         // The traced function's sp at entry is where the ABI puts it (s390x
         // only promises 8-byte alignment).
         let align = spec.stack_alignment as u64;
-        assert_eq!((s.sp as u64 + unsafe { arch_sp_mod() }) % align, 0, "{v}: sp {:#x}", s.sp);
+        assert_eq!((s.sp as u64 + arch_sp_mod()) % align, 0, "{v}: sp {:#x}", s.sp);
         if spec.name == "x86_64" {
             // The traced function's sp points at its return address.
             assert_eq!(s.stack_top, s.parent, "{v}: sp");
@@ -217,7 +217,7 @@ fn callsite_dispatch_reads_the_ops_word_before_the_function() {
     for tier in [Tier::Args, Tier::Regs] {
         lock(&SEEN).clear();
         let v = Variant::Entry { tier, dispatch: Dispatch::Callsite };
-        let got = with_site(addr!(tracee_callsite), fx.jit.entry(v).unwrap(), || unsafe { tracee_callsite(6, -4) });
+        let got = with_site(addr!(tracee_callsite), fx.jit.entry(v).unwrap(), || tracee_callsite(6, -4));
         assert_eq!(got, 6 * 7 - 4);
         let seen = lock(&SEEN).clone();
         assert_eq!(seen.len(), 1, "{v}");
@@ -239,6 +239,7 @@ fn callee_saved_registers_and_the_parent_ip_are_right() {
             _ => addr!(tracee_two),
         };
         let mut bad = u64::MAX;
+        // SAFETY: the address is a C tracee of (long, long) -> long, as arch_call_checked requires.
         let got = with_site(f, fx.jit.entry(v).unwrap(), || unsafe { arch_call_checked(f, 12, 34, &mut bad) });
         let want = if f == addr!(tracee_two) { 12 * 1000 + 34 } else { 12 * 7 + 34 };
         assert_eq!(got, want, "{v}");
@@ -259,6 +260,7 @@ fn callbacks_run_on_an_aligned_stack() {
     let fx = fixture();
     let probe = addr!(arch_sp_probe);
     fx.jit.set_word(DataWord::DirectFunc, probe);
+    // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
     let probe_ops = Box::new(TestOps { func: unsafe { std::mem::transmute::<usize, Func>(probe) }, tag: 1 });
     set_callsite_ops(addr!(tracee_callsite), &*probe_ops as *const TestOps as usize);
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::List, .. })) {
@@ -266,13 +268,17 @@ fn callbacks_run_on_an_aligned_stack() {
             Variant::Entry { dispatch: Dispatch::Callsite, .. } => addr!(tracee_callsite),
             _ => addr!(tracee_two),
         };
+        // SAFETY: the address is a C tracee of (long, long) -> long, as arch_call_checked requires.
         let before = unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) };
         let mut bad = 0;
+        // SAFETY: the address is a C tracee of (long, long) -> long, as arch_call_checked requires.
         with_site(f, fx.jit.entry(v).unwrap(), || unsafe { arch_call_checked(f, 1, 2, &mut bad) });
+        // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
         let after = unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) };
         assert_eq!(after, before + 1, "{v}: the probe ran");
+        // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
         let sp = unsafe { std::ptr::read_volatile(&raw const arch_probe_sp) };
-        assert_eq!(sp % 16, unsafe { arch_sp_mod() }, "{v}: callback sp {sp:#x} misaligned");
+        assert_eq!(sp % 16, arch_sp_mod(), "{v}: callback sp {sp:#x} misaligned");
     }
 }
 
@@ -281,7 +287,7 @@ fn setting_the_ip_redirects_the_call() {
     let fx = fixture();
     REDIRECT.store(addr!(tracee_args_alt), SeqCst);
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
-        let got = with_site(addr!(tracee_args), fx.jit.entry(v).unwrap(), || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        let got = with_site(addr!(tracee_args), fx.jit.entry(v).unwrap(), || tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25));
         let want = -(A.iter().sum::<i64>()) - 3 - 1000;
         assert_eq!(got, want, "{v}: redirected to tracee_args_alt");
     }
@@ -294,9 +300,9 @@ fn returns_go_through_return_to_handler() {
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
         lock(&RETURNS).clear();
         let e = fx.jit.entry(v).unwrap();
-        let got = with_site(addr!(tracee_args), e, || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        let got = with_site(addr!(tracee_args), e, || tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25));
         assert_eq!(got, expect_args(A, 1.5, 2.25), "{v}");
-        let got = with_site(addr!(tracee_fp), e, || unsafe { tracee_fp(1.5, 4.0, 2) });
+        let got = with_site(addr!(tracee_fp), e, || tracee_fp(1.5, 4.0, 2));
         assert_eq!(got, 8.0, "{v}");
         let r = lock(&RETURNS).clone();
         assert_eq!(r.len(), 2, "{v}: both returns seen");
@@ -304,6 +310,7 @@ fn returns_go_through_return_to_handler() {
         assert_eq!(r[1].1, 8.0, "{v}: FP return value");
         // Callee-saved registers survive the exit trampoline too.
         let mut bad = u64::MAX;
+        // SAFETY: the address is a C tracee of (long, long) -> long, as arch_call_checked requires.
         let got = with_site(addr!(tracee_two), e, || unsafe { arch_call_checked(addr!(tracee_two), 5, 6, &mut bad) });
         assert_eq!((got, bad), (5006, 0), "{v}");
     }
@@ -316,10 +323,10 @@ fn the_return_handler_can_change_the_return_value() {
     HIJACK.store(true, SeqCst);
     let e = fx.jit.entry(Variant::ALL[0]).unwrap();
     SET_RET.store(-42, SeqCst);
-    assert_eq!(with_site(addr!(tracee_two), e, || unsafe { tracee_two(1, 2) }), -42);
+    assert_eq!(with_site(addr!(tracee_two), e, || tracee_two(1, 2)), -42);
     SET_RET.store(i64::MIN, SeqCst);
     SET_FP_RET.store(99.5f64.to_bits(), SeqCst);
-    assert_eq!(with_site(addr!(tracee_fp), e, || unsafe { tracee_fp(2.0, 3.0, 0) }), 99.5);
+    assert_eq!(with_site(addr!(tracee_fp), e, || tracee_fp(2.0, 3.0, 0)), 99.5);
 }
 
 #[test]
@@ -329,7 +336,7 @@ fn nested_traced_calls_return_in_order() {
     for v in [Variant::ALL[0], Variant::ALL[1], Variant::ALL[2]] {
         lock(&SEEN).clear();
         lock(&RETURNS).clear();
-        let got = with_site(addr!(tracee_nested), fx.jit.entry(v).unwrap(), || unsafe { tracee_nested(6) });
+        let got = with_site(addr!(tracee_nested), fx.jit.entry(v).unwrap(), || tracee_nested(6));
         assert_eq!(got, expect_nested(6), "{v}");
         assert_eq!(lock(&SEEN).len(), 7, "{v}: entries");
         let rets: Vec<u64> = lock(&RETURNS).iter().map(|r| r.0).collect();
@@ -360,13 +367,17 @@ fn s390x_vector_registers_and_the_condition_code_survive() {
     let ops = Box::new(TestOps { func: clobbering, tag: 3 });
     assert!(fx.jit.set_word(DataWord::FunctionTraceOp, &*ops as *const TestOps as usize));
     assert!(fx.jit.set_word(DataWord::DirectFunc, addr!(clobbering)));
+    // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
     let pattern = unsafe { std::ptr::read_volatile(&raw const arch_vec_pattern) };
+    // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
     let seen = || unsafe { std::ptr::read_volatile(&raw const arch_vec_seen) };
     // Untraced: the harness itself passes the registers and cc 2 through.
+    // SAFETY: the harness calls its own tracee, whose address is passed, with its C signature.
     assert_eq!(unsafe { arch_vec_call(addr!(arch_vec_tracee)) }, 2);
     assert_eq!(seen(), pattern);
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
         let before = CLOBBERS.load(SeqCst);
+        // SAFETY: the harness calls its own tracee, whose address is passed, with its C signature.
         let cc = with_site(addr!(arch_vec_tracee), fx.jit.entry(v).unwrap(), || unsafe { arch_vec_call(addr!(arch_vec_tracee)) });
         assert_eq!(CLOBBERS.load(SeqCst), before + 1, "{v}: the clobbering callback ran");
         let got = seen();
@@ -414,7 +425,7 @@ fn a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops() {
         lock(&SEEN).clear();
         lock(&ORDER).clear();
         let f = addr!(tracee_args);
-        let got = with_site(f, jit.entry(v).unwrap(), || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        let got = with_site(f, jit.entry(v).unwrap(), || tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25));
         assert_eq!(got, expect_args(A, 1.5, 2.25), "{v}: result");
         assert_eq!(*lock(&ORDER), want_order, "{v}: tracers 1, 2, 3, each with its own ops");
         let seen = lock(&SEEN).clone();
@@ -435,6 +446,7 @@ fn a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops() {
         lock(&SEEN).clear();
         lock(&ORDER).clear();
         let mut bad = u64::MAX;
+        // SAFETY: the address is a C tracee of (long, long) -> long, as arch_call_checked requires.
         let got = with_site(addr!(tracee_two), jit.entry(v).unwrap(), || unsafe { arch_call_checked(addr!(tracee_two), 12, 34, &mut bad) });
         assert_eq!((got, bad), (12 * 1000 + 34, 0), "{v}: result, callee-saved registers changed (mask {bad:#x})");
         assert_eq!(*lock(&ORDER), want_order, "{v}");
@@ -450,7 +462,7 @@ fn a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops() {
         // the later ones (their `ip` argument stays the site) and taken.
         lock(&SEEN).clear();
         REDIRECT.store(addr!(tracee_args_alt), SeqCst);
-        let got = with_site(f, jit.entry(v).unwrap(), || unsafe { tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25) });
+        let got = with_site(f, jit.entry(v).unwrap(), || tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25));
         REDIRECT.store(0, SeqCst);
         assert_eq!(got, -(A.iter().sum::<i64>()) - 3 - 1000, "{v}: redirected to tracee_args_alt");
         let seen = lock(&SEEN).clone();
@@ -461,12 +473,16 @@ fn a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops() {
 
         // The last tracer runs on an aligned stack too.
         assert!(jit.set_word(DataWord::TracerFunc(2), addr!(arch_sp_probe)));
+        // SAFETY: the address is a C tracee of (long, long) -> long, as arch_call_checked requires.
         let before = unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) };
         let mut bad = 0;
+        // SAFETY: the address is a C tracee of (long, long) -> long, as arch_call_checked requires.
         with_site(addr!(tracee_two), jit.entry(v).unwrap(), || unsafe { arch_call_checked(addr!(tracee_two), 1, 2, &mut bad) });
+        // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
         assert_eq!(unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) }, before + 1, "{v}: the probe ran");
+        // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
         let sp = unsafe { std::ptr::read_volatile(&raw const arch_probe_sp) };
-        assert_eq!(sp % 16, unsafe { arch_sp_mod() }, "{v}: third callback's sp {sp:#x} misaligned");
+        assert_eq!(sp % 16, arch_sp_mod(), "{v}: third callback's sp {sp:#x} misaligned");
         assert!(jit.set_word(DataWord::TracerFunc(2), funcs[2] as usize));
     }
 }
@@ -505,14 +521,17 @@ mod flags {
         let v = Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Direct };
         for want in [0x202 | 0x1 | 0x40 | 0x800, 0x202 | 0x80 | 0x4, 0x202, 0x202 | ARITH] {
             SET_FLAGS.store(u64::MAX, SeqCst);
+            // SAFETY: the harness calls its own tracee, whose address is passed, with its C signature.
             let untraced = unsafe { arch_call_with_flags(f, want) };
             assert_eq!(untraced & ARITH, want & ARITH, "the harness itself");
+            // SAFETY: the harness calls its own tracee, whose address is passed, with its C signature.
             let got = with_site(f, fx.jit.entry(v).unwrap(), || unsafe { arch_call_with_flags(f, want) });
             assert_eq!(SEEN_FLAGS.load(SeqCst) & ARITH, want & ARITH, "pt_regs.flags at entry ({want:#x})");
             assert_eq!(got & ARITH, want & ARITH, "flags after the site ({want:#x}, got {got:#x})");
             // A tracer's change takes effect.
             let other = (want ^ ARITH) & ARITH | 0x202;
             SET_FLAGS.store(other, SeqCst);
+            // SAFETY: the harness calls its own tracee, whose address is passed, with its C signature.
             let got = with_site(f, fx.jit.entry(v).unwrap(), || unsafe { arch_call_with_flags(f, want) });
             assert_eq!(got & ARITH, other & ARITH, "changed flags ({other:#x}, got {got:#x})");
         }

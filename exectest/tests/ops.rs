@@ -67,7 +67,7 @@ fn a_symbol_filter_traces_only_that_function_with_a_direct_call() {
     assert_eq!(ftrace().register(ops.clone()).unwrap(), 1);
     assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::Direct { tier: Tier::Args });
     assert_eq!(dispatch_of(addr!(tracee_fp)), SiteDispatch::Nop);
-    unsafe {
+    {
         assert_eq!(tracee_two(3, 4), 3004);
         assert_eq!(tracee_fp(2.0, 3.0, 1), 7.0);
         assert_eq!(tracee_two(5, 6), 5006);
@@ -75,7 +75,7 @@ fn a_symbol_filter_traces_only_that_function_with_a_direct_call() {
     assert_eq!(count_of(&ops), 2);
     ftrace().unregister(&ops).unwrap();
     assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::Nop);
-    unsafe { tracee_two(1, 1) };
+    tracee_two(1, 1);
     assert_eq!(count_of(&ops), 2, "never entered after unregister");
     assert!(matches!(ftrace().unregister(&ops), Err(OpsError::NotRegistered(_))));
 }
@@ -86,7 +86,7 @@ fn globs_addresses_and_notrace() {
     let ops = counting(Filter::new().glob("tracee_args*").unwrap().addr(addr!(tracee_fp)));
     let n = ftrace().register(ops.clone()).unwrap();
     assert_eq!(n, 3, "tracee_args, tracee_args_alt, tracee_fp");
-    unsafe {
+    {
         tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 0.0, 0.0);
         tracee_args_alt(1, 2, 3, 4, 5, 6, 7, 8, 0.0, 0.0);
         tracee_fp(1.0, 1.0, 1);
@@ -104,7 +104,7 @@ fn globs_addresses_and_notrace() {
     ftrace().register(ops.clone()).unwrap();
     assert_eq!(dispatch_of(addr!(tracee_nested)), SiteDispatch::Nop);
     assert_eq!(dispatch_of(addr!(tracee_args)), SiteDispatch::Nop);
-    unsafe {
+    {
         tracee_nested(3);
         tracee_two(1, 2);
     }
@@ -131,7 +131,7 @@ fn shared_sites_use_the_list_and_distinct_sites_stay_direct() {
     assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::List { tier: Tier::Args });
     assert_eq!(dispatch_of(addr!(tracee_fp)), SiteDispatch::Direct { tier: Tier::Args });
     assert_eq!(dispatch_of(addr!(tracee_nested)), SiteDispatch::Direct { tier: Tier::Args });
-    unsafe {
+    {
         for i in 0..10 {
             assert_eq!(tracee_two(i, 1), i * 1000 + 1);
         }
@@ -142,7 +142,7 @@ fn shared_sites_use_the_list_and_distinct_sites_stay_direct() {
     assert_eq!(count_of(&b), 13);
     ftrace().unregister(&a).unwrap();
     assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::Direct { tier: Tier::Args }, "back to direct");
-    unsafe { tracee_two(0, 0) };
+    tracee_two(0, 0);
     assert_eq!((count_of(&a), count_of(&b)), (11, 14));
     ftrace().unregister(&b).unwrap();
 }
@@ -161,6 +161,7 @@ fn save_regs_selects_the_regs_tier() {
     ftrace().register(ops.clone()).unwrap();
     assert_eq!(dispatch_of(addr!(tracee_two)), SiteDispatch::Direct { tier: Tier::Regs });
     let mut bad = u64::MAX;
+    // SAFETY: the address is a C tracee of (long, long) -> long, as arch_call_checked requires.
     let r = unsafe { arch_call_checked(addr!(tracee_two), 7, 8, &mut bad) };
     assert_eq!((r, bad), (7008, 0));
     let seen = SEEN_CALLEE_SAVED.load(SeqCst);
@@ -184,7 +185,7 @@ fn save_regs_selects_the_regs_tier() {
 extern "C" fn reenter(_ip: usize, _parent: usize, op: &Ops, _fregs: &mut FtraceRegs) {
     counter(op).fetch_add(1, SeqCst);
     // A traced function called from the callback.
-    unsafe { tracee_two(0, 0) };
+    tracee_two(0, 0);
 }
 
 #[test]
@@ -192,7 +193,7 @@ fn the_recursion_guard_stops_a_callback_from_reentering_itself() {
     let _l = lock();
     let ops = Arc::new(Ops::new(reenter).flags(OpsFlags::RECURSION).filter(Filter::new().symbol("tracee_two")).private(new_counter()));
     ftrace().register(ops.clone()).unwrap();
-    unsafe {
+    {
         assert_eq!(tracee_two(1, 2), 1002);
         assert_eq!(tracee_two(3, 4), 3004);
     }
@@ -210,7 +211,7 @@ fn ipmodify_redirects_and_a_second_one_is_refused() {
     let _l = lock();
     let ops = Arc::new(Ops::new(redirect).flags(OpsFlags::IPMODIFY).filter(Filter::new().symbol("tracee_args")));
     ftrace().register(ops.clone()).unwrap();
-    let r = unsafe { tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 1.0, 2.0) };
+    let r = tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 1.0, 2.0);
     assert_eq!(r, -(36) - 3 - 1000, "continued in tracee_args_alt");
     let second = Arc::new(Ops::new(redirect).flags(OpsFlags::IPMODIFY).filter(Filter::new().glob("tracee_arg*").unwrap()));
     match ftrace().register(second) {
@@ -220,11 +221,11 @@ fn ipmodify_redirects_and_a_second_one_is_refused() {
     // A plain ops may share the site.
     let plain = counting(Filter::new().symbol("tracee_args"));
     ftrace().register(plain.clone()).unwrap();
-    unsafe { tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 1.0, 2.0) };
+    tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 1.0, 2.0);
     assert_eq!(count_of(&plain), 1);
     ftrace().unregister(&plain).unwrap();
     ftrace().unregister(&ops).unwrap();
-    let r = unsafe { tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 1.0, 2.0) };
+    let r = tracee_args(1, 2, 3, 4, 5, 6, 7, 8, 1.0, 2.0);
     assert_eq!(r, expect_args([1, 2, 3, 4, 5, 6, 7, 8], 1.0, 2.0));
 }
 
@@ -241,7 +242,7 @@ fn stress_register_unregister_while_threads_call() {
             std::thread::spawn(move || {
                 let mut n = 0usize;
                 while !stop.load(SeqCst) {
-                    let r = unsafe { tracee_two(t, n as i64) };
+                    let r = tracee_two(t, n as i64);
                     assert_eq!(r, t * 1000 + n as i64);
                     n += 1;
                 }

@@ -151,7 +151,7 @@ fn toggling_a_site_while_four_threads_call_it() {
                 while !stop.load(SeqCst) {
                     let a = n % 1000;
                     // SAFETY: a C function of tests/c/tracee.c.
-                    let r = unsafe { tracee_two(a, t) };
+                    let r = tracee_two(a, t);
                     assert_eq!(r, a * 1000 + t, "thread {t}, call {n}");
                     n += 1;
                 }
@@ -206,7 +206,7 @@ fn retargeting_a_site_while_four_threads_call_it() {
                 while !stop.load(SeqCst) {
                     let a = n % 1000;
                     // SAFETY: a C function of tests/c/tracee.c.
-                    let r = unsafe { tracee_two(a, t) };
+                    let r = tracee_two(a, t);
                     assert_eq!(r, a * 1000 + t, "thread {t}, call {n}");
                     n += 1;
                 }
@@ -291,7 +291,7 @@ fn no_site_mapping_is_left_writable() {
     assert_eq!(Patcher::apply(&enable).unwrap().patched, 4);
     writable();
     // SAFETY: a C function of tests/c/tracee.c.
-    assert_eq!(unsafe { tracee_two(3, 4) }, 3004);
+    assert_eq!(tracee_two(3, 4), 3004);
     assert_eq!(HITS_A.load(SeqCst), 1);
     // A batch that fails validation (two changes overlap) writes nothing.
     let overlap = [SiteChange::new(sites[0], call(sites[0], target), nops[0].clone()), SiteChange::new(sites[0] + 1, vec![0; 4], vec![0; 4])];
@@ -325,7 +325,7 @@ fn unexpected_bytes_are_refused_and_not_written() {
     assert_eq!(patch::read_text(bad, len), bad_nops, "refused site untouched");
     assert_eq!(patch::read_text(good, len), call(good, target));
     // SAFETY: a C function of tests/c/tracee.c.
-    assert_eq!(unsafe { tracee_fp(2.0, 3.0, 1) }, 7.0);
+    assert_eq!(tracee_fp(2.0, 3.0, 1), 7.0);
     assert_eq!(HITS_A.load(SeqCst), 1);
     // Only refused sites: no protection change at all.
     let r = Patcher::apply(&[SiteChange::new(bad, call(bad, target), bad_nops.clone())]).unwrap();
