@@ -8,16 +8,13 @@
 use std::path::{Path, PathBuf};
 
 fn main() {
-    let arch = ftramp_codegen::spec::for_target_arch(&std::env::var("CARGO_CFG_TARGET_ARCH").unwrap()).expect("an arch with a spec");
+    let spec = ftramp_codegen::build::target_spec();
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let root = manifest.parent().unwrap();
-    let spec_path = root.join("arch-specs").join(format!("{arch}.toml"));
     let c = manifest.join("tests").join("c");
     let include = manifest.join("include");
-    for p in [&spec_path, &c, &include] {
+    for p in [&c, &include] {
         println!("cargo:rerun-if-changed={}", p.display());
     }
-    let spec = ftramp_codegen::Spec::builtin(arch).unwrap();
     let site_flags: Vec<String> = spec.raw.site.flags.split_whitespace().map(String::from).collect();
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
 
@@ -46,21 +43,8 @@ fn main() {
     let status = cmd.status().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     assert!(status.success(), "{cmd:?} failed");
 
-    // How the test runs a program for a foreign target: the runner of
-    // .cargo/config.toml (qemu-user with the cross sysroot), or the one in
-    // CARGO_TARGET_<TRIPLE>_RUNNER.
-    let host = std::env::var("HOST").unwrap();
-    let target = std::env::var("TARGET").unwrap();
-    let runner_var = format!("CARGO_TARGET_{}_RUNNER", target.to_uppercase().replace('-', "_"));
-    println!("cargo:rerun-if-env-changed={runner_var}");
-    let runner = match std::env::var(&runner_var) {
-        Ok(r) => r,
-        Err(_) if host == target => String::new(),
-        Err(_) => {
-            let sysroot = target.replacen("-unknown-", "-", 1).replacen("riscv64gc", "riscv64", 1);
-            format!("qemu-{arch} -L /usr/{sysroot}")
-        }
-    };
+    // How the test runs a program for a foreign target.
+    let runner = ftramp_codegen::build::test_runner(&spec);
 
     let env = |k: &str, v: &Path| println!("cargo:rustc-env={k}={}", v.display());
     env("FTRAMP_CAPI_TRACEE_O", &tracee);

@@ -18,6 +18,8 @@
 #![allow(clippy::useless_conversion, clippy::unnecessary_cast)]
 
 pub mod arch;
+#[cfg(feature = "build-support")]
+pub mod build;
 pub mod frame;
 pub mod header;
 pub mod image;
