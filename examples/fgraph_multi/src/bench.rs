@@ -13,8 +13,8 @@ use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::fprobe::{self, EntryAction, Fprobe};
 use ftramp_runtime::ops::Filter;
 use ftramp_runtime::FtraceRegs;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use ftrace_ops::bench::{build_xray, per_call_ir, xray_ns};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -117,56 +117,6 @@ pub fn time(mode: Mode, calls: u64) -> f64 {
     ns / calls.max(1) as f64
 }
 
-/// Instructions in a run of `exe args` under callgrind.
-fn callgrind_ir(exe: &Path, args: &[String]) -> Option<u64> {
-    let out = Command::new("valgrind")
-        .args(["--tool=callgrind", "--smc-check=all", "--callgrind-out-file=/dev/null"])
-        .arg(exe)
-        .args(args)
-        .output()
-        .ok()?;
-    let err = String::from_utf8_lossy(&out.stderr);
-    let line = err.lines().find(|l| l.contains("Collected :"))?;
-    line.rsplit(':').next()?.trim().replace(',', "").parse().ok()
-}
-
-fn per_call_ir(exe: &Path, args: impl Fn(u64) -> Vec<String>) -> Option<f64> {
-    let (n1, n2) = (20_000u64, 120_000u64);
-    let a = callgrind_ir(exe, &args(n1))?;
-    let b = callgrind_ir(exe, &args(n2))?;
-    Some((b as f64 - a as f64) / (n2 - n1) as f64)
-}
-
-/// Builds the XRay side with clang-14; None (with the reason printed) when
-/// clang or its XRay runtime is missing.
-fn build_xray() -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("xray").join("xray_bench.cpp");
-    let out = std::env::temp_dir().join(format!("ftramp-fgraph-xray-bench-{}", std::process::id()));
-    let r = Command::new("clang++-14")
-        .args(["-O2", "-fxray-instrument", "-fxray-instruction-threshold=1"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .output();
-    match r {
-        Ok(o) if o.status.success() => Some(out),
-        Ok(o) => {
-            eprintln!("XRay: clang++-14 failed: {}", String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or(""));
-            None
-        }
-        Err(e) => {
-            eprintln!("XRay: clang++-14 not available ({e}); install clang-14 and libclang-rt-14-dev");
-            None
-        }
-    }
-}
-
-fn xray_ns(exe: &Path, calls: u64, traced: bool) -> Option<f64> {
-    let out = Command::new(exe).arg(calls.to_string()).arg(if traced { "traced" } else { "untraced" }).output().ok()?;
-    let s = String::from_utf8_lossy(&out.stdout);
-    s.split_whitespace().nth(1)?.parse().ok()
-}
-
 struct Row {
     name: String,
     ns: f64,
@@ -193,7 +143,7 @@ pub fn run(calls: u64, callgrind: bool) {
             .flatten();
         table.push(Row { name: name.to_string(), ns, ir });
     }
-    if let Some(x) = build_xray() {
+    if let Some(x) = build_xray(&Path::new(env!("CARGO_MANIFEST_DIR")).join("xray").join("xray_bench.cpp")) {
         for (name, traced) in [("XRay untraced", false), ("XRay no-op handler (entry+exit)", true)] {
             let ns = (0..5).filter_map(|_| xray_ns(&x, calls, traced)).fold(f64::INFINITY, f64::min);
             let ir = callgrind

@@ -29,7 +29,7 @@ fn best_ns(cfg: &Config, calls: u64, reps: usize) -> f64 {
 }
 
 /// Instructions in a run of `exe args` under callgrind.
-fn callgrind_ir(exe: &Path, args: &[String]) -> Option<u64> {
+pub fn callgrind_ir(exe: &Path, args: &[String]) -> Option<u64> {
     let out = Command::new("valgrind")
         .args(["--tool=callgrind", "--smc-check=all", "--callgrind-out-file=/dev/null"])
         .arg(exe)
@@ -41,21 +41,23 @@ fn callgrind_ir(exe: &Path, args: &[String]) -> Option<u64> {
     line.rsplit(':').next()?.trim().replace(',', "").parse().ok()
 }
 
-fn per_call_ir(exe: &Path, args: impl Fn(u64) -> Vec<String>) -> Option<f64> {
+/// Instructions per call: two callgrind runs with different call counts
+/// (`args(n)` runs n calls), so set-up costs cancel out.
+pub fn per_call_ir(exe: &Path, args: impl Fn(u64) -> Vec<String>) -> Option<f64> {
     let (n1, n2) = (20_000u64, 120_000u64);
     let a = callgrind_ir(exe, &args(n1))?;
     let b = callgrind_ir(exe, &args(n2))?;
     Some((b as f64 - a as f64) / (n2 - n1) as f64)
 }
 
-/// Builds the XRay side with clang-14; None (with the reason printed) when
-/// clang or its XRay runtime is missing.
-fn build_xray() -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("xray").join("xray_bench.cpp");
-    let out = std::env::temp_dir().join(format!("ftramp-xray-bench-{}", std::process::id()));
+/// Builds an XRay benchmark program from `src` with clang++-14; None (with
+/// the reason printed) when clang or its XRay runtime is missing.
+pub fn build_xray(src: &Path) -> Option<PathBuf> {
+    let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("xray");
+    let out = std::env::temp_dir().join(format!("ftramp-{stem}-{}", std::process::id()));
     let r = Command::new("clang++-14")
         .args(["-O2", "-fxray-instrument", "-fxray-instruction-threshold=1"])
-        .arg(&src)
+        .arg(src)
         .arg("-o")
         .arg(&out)
         .output();
@@ -72,7 +74,8 @@ fn build_xray() -> Option<PathBuf> {
     }
 }
 
-fn xray_ns(exe: &Path, calls: u64, traced: bool) -> Option<f64> {
+/// ns per call of an XRay benchmark program (`N traced|untraced`).
+pub fn xray_ns(exe: &Path, calls: u64, traced: bool) -> Option<f64> {
     let out = Command::new(exe).arg(calls.to_string()).arg(if traced { "traced" } else { "untraced" }).output().ok()?;
     let s = String::from_utf8_lossy(&out.stdout);
     s.split_whitespace().nth(1)?.parse().ok()
@@ -89,7 +92,7 @@ pub fn run(calls: u64, callgrind: bool) {
         let ir = callgrind.then(|| per_call_ir(&exe, |n| cfg.args(n))).flatten();
         table.push((name.to_string(), ns, ir));
     }
-    if let Some(x) = build_xray() {
+    if let Some(x) = build_xray(&Path::new(env!("CARGO_MANIFEST_DIR")).join("xray").join("xray_bench.cpp")) {
         for (name, traced) in [("XRay untraced", false), ("XRay no-op handler (entry+exit)", true)] {
             let ns = (0..5).filter_map(|_| xray_ns(&x, calls, traced)).fold(f64::INFINITY, f64::min);
             let ir = callgrind
