@@ -26,6 +26,9 @@ use ftramp_codegen::spec::{Reg, Spec};
 use ftramp_codegen::{listing, object, Variant};
 use std::process::Command;
 
+mod common;
+use common::{run, tools_skipped};
+
 struct Row {
     what: &'static str,
     emit: fn(&Spec, &mut dyn Emitter) -> Result<(), CodegenError>,
@@ -150,24 +153,8 @@ fn bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-fn tools_skipped() -> bool {
-    let skip = std::env::var_os("FTRAMP_SKIP_ORACLE").is_some();
-    if skip {
-        eprintln!("FTRAMP_SKIP_ORACLE set: skipping the binutils checks");
-    }
-    skip
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (install binutils for powerpc64le)"));
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn tmpdir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("ftramp-enc-ppc64le-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::tmpdir("ppc64le", tag)
 }
 
 /// Assembles `src` (ELFv2, POWER9, `r`/`f`/`vs` register names) and returns

@@ -20,6 +20,9 @@ use ftramp_codegen::spec::{Reg, Spec, BUILTIN};
 use ftramp_codegen::{listing, Variant};
 use std::process::Command;
 
+mod common;
+use common::{run, tools_skipped};
+
 struct Row {
     rvc: bool,
     what: &'static str,
@@ -134,24 +137,8 @@ fn bytes(words: &[&str]) -> Vec<u8> {
     out
 }
 
-fn tools_skipped() -> bool {
-    let skip = std::env::var_os("FTRAMP_SKIP_ORACLE").is_some();
-    if skip {
-        eprintln!("FTRAMP_SKIP_ORACLE set: skipping the binutils checks");
-    }
-    skip
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (install binutils for riscv64)"));
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn tmpdir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("ftramp-enc-rv64-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::tmpdir("riscv64", tag)
 }
 
 /// Spacing- and radix-insensitive form of an instruction's text, so

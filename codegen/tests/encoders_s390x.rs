@@ -24,6 +24,9 @@ use ftramp_codegen::spec::{Reg, Spec};
 use ftramp_codegen::{listing, object, Variant};
 use std::process::Command;
 
+mod common;
+use common::{run, tools_skipped};
+
 const ARCH: &str = "s390x";
 
 struct Row {
@@ -169,24 +172,8 @@ fn insn_len(first: u8) -> usize {
     }
 }
 
-fn tools_skipped() -> bool {
-    let skip = std::env::var_os("FTRAMP_SKIP_ORACLE").is_some();
-    if skip {
-        eprintln!("FTRAMP_SKIP_ORACLE set: skipping the binutils checks");
-    }
-    skip
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (install binutils for s390x)"));
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn tmpdir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("ftramp-enc-s390x-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::tmpdir("s390x", tag)
 }
 
 const PC_RELATIVE: &[&str] = &["lgrl", "brasl", "brcl", "jgnop"];
