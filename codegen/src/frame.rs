@@ -21,7 +21,7 @@
 //!   +--------------------+ sp
 //! ```
 
-use crate::spec::{Location, RegClass, SlotKind, Spec};
+use crate::spec::{Location, SlotKind, Spec};
 
 /// One member of the frame structs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,10 +172,5 @@ impl FrameLayout {
     /// True when a vector slot is aligned to its width.
     pub fn aligned(&self) -> bool {
         self.slots.iter().all(|s| s.offset % s.size == 0)
-    }
-
-    /// Whether the slot's register is a vector register.
-    pub fn is_vector(s: &Slot) -> bool {
-        matches!(s.kind, SlotKind::Reg(r) if r.class == RegClass::Vector)
     }
 }

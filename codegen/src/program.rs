@@ -726,11 +726,6 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
     }
 }
 
-#[allow(dead_code)]
-fn is_vector(r: Reg) -> bool {
-    r.class == RegClass::Vector
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

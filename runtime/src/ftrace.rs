@@ -130,7 +130,7 @@ fn start_module_watch() {
                 }
                 if st.refresh().is_ok() {
                     if let Ok(Some(old)) = st.apply() {
-                        st.retire(vec![Box::new(SendTable(old))], Vec::new());
+                        st.retire(vec![old], Vec::new());
                     }
                     seen = now;
                 }
@@ -212,7 +212,7 @@ impl Ftrace {
         let mut dead: Vec<Box<dyn Send>> = vec![Box::new(removed)];
         let mut dead_code = Vec::new();
         if let Some(t) = old_table {
-            dead.push(Box::new(SendTable(t)));
+            dead.push(t);
         }
         for imgs in st.images.values_mut() {
             let keys: Vec<_> = imgs.direct.keys().filter(|(o, _)| *o == key).copied().collect();
@@ -236,7 +236,7 @@ impl Ftrace {
         st.refresh()?;
         let old = st.apply()?;
         if let Some(t) = old {
-            st.retire(vec![Box::new(SendTable(t))], Vec::new());
+            st.retire(vec![t], Vec::new());
         }
         Ok(())
     }
@@ -259,11 +259,6 @@ impl Ftrace {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).quarantine.len()
     }
 }
-
-struct SendTable(#[allow(dead_code)] Box<SiteTable>);
-// SAFETY: the table only holds Arc<Ops> (Ops is Send+Sync: atomics and
-// plain data) and addresses; it is moved to another owner, never shared.
-unsafe impl Send for SendTable {}
 
 impl State {
     fn refresh(&mut self) -> Result<(), RuntimeError> {
