@@ -8,16 +8,18 @@
 //!   every site on the cheapest trampoline for the ops that trace it;
 //!   [`dispatch`] holds what trampolines call (thunks, the list function);
 //! * [`grace`] is the grace period that lets unregistering free safely;
+//! * [`clock`] is the cheap timestamp clock (TSC / cntvct, calibrated);
 //! * [`regs`] reads `struct ftrace_regs` through the generator's layout;
 //! * [`fgraph`] is function-graph tracing (entry + return, shadow stacks);
 //! * [`fprobe`] is entry/exit probes on top of one fgraph user.
 //!
-//! `unsafe` lives only in `exec.rs`, `cache.rs`, `patch*`, `regs.rs`,
+//! `unsafe` lives only in `exec.rs`, `cache.rs`, `clock.rs` (counter reads), `patch*`, `regs.rs`,
 //! `grace.rs`, `dispatch.rs` (publishing the site table), `fgraph.rs`
 //! (the per-thread shadow stacks), `fprobe.rs` (the published tables)
 //! and `sites/loaded.rs`, each block with the reason it is sound.
 
 pub mod cache;
+pub mod clock;
 pub mod dispatch;
 pub mod exec;
 pub mod fgraph;
