@@ -9,13 +9,14 @@ use std::sync::OnceLock;
 struct Offsets {
     int_args: Vec<usize>,
     fp_args: Vec<usize>,
-    ret: usize,
     fp_ret: Option<usize>,
-    ip: usize,
-    sp: usize,
     fp: usize,
-    return_address: usize,
     layout: FrameLayout,
+}
+
+/// The hot offsets as constants (`build.rs`, from the same layout).
+mod fixed {
+    include!(concat!(env!("OUT_DIR"), "/frame_offsets.rs"));
 }
 
 fn offsets() -> &'static Offsets {
@@ -28,12 +29,8 @@ fn offsets() -> &'static Offsets {
         Offsets {
             int_args: spec.int_args.iter().map(reg).collect(),
             fp_args: spec.fp_args.iter().map(reg).collect(),
-            ret: reg(&spec.int_ret[0]),
             fp_ret: spec.fp_ret.first().map(reg),
-            ip: at(SlotKind::Ip),
-            sp: at(SlotKind::Sp),
             fp: reg(&spec.fp),
-            return_address: at(SlotKind::ReturnAddress),
             layout,
         }
     })
@@ -81,11 +78,11 @@ impl FtraceRegs {
     }
 
     pub fn return_value(&self) -> u64 {
-        self.read(offsets().ret)
+        self.read(fixed::RET)
     }
 
     pub fn set_return_value(&mut self, v: u64) {
-        self.write(offsets().ret, v)
+        self.write(fixed::RET, v)
     }
 
     pub fn fp_return_value(&self) -> Option<f64> {
@@ -104,17 +101,17 @@ impl FtraceRegs {
 
     /// Where execution resumes after the callback.
     pub fn instruction_pointer(&self) -> usize {
-        self.read(offsets().ip) as usize
+        self.read(fixed::IP) as usize
     }
 
     /// Redirect: resume at `ip` (IPMODIFY).
     pub fn set_instruction_pointer(&mut self, ip: usize) {
-        self.write(offsets().ip, ip as u64)
+        self.write(fixed::IP, ip as u64)
     }
 
     /// The traced function's stack pointer at its entry.
     pub fn stack_pointer(&self) -> usize {
-        self.read(offsets().sp) as usize
+        self.read(fixed::SP) as usize
     }
 
     pub fn frame_pointer(&self) -> usize {
@@ -123,11 +120,11 @@ impl FtraceRegs {
 
     /// Where the traced function will return.
     pub fn return_address(&self) -> usize {
-        self.read(offsets().return_address) as usize
+        self.read(fixed::RETURN_ADDRESS) as usize
     }
 
     pub fn set_return_address(&mut self, ra: usize) {
-        self.write(offsets().return_address, ra as u64)
+        self.write(fixed::RETURN_ADDRESS, ra as u64)
     }
 
     /// Any saved register by its spec name (`rbx`, `x19`…).  Registers
@@ -160,5 +157,21 @@ impl FtraceRegs {
     /// The host layout (for tools that print registers).
     pub fn layout() -> &'static FrameLayout {
         &offsets().layout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_time_offsets_match_the_runtime_layout() {
+        let spec = host_spec();
+        let l = FtraceRegs::layout();
+        let at = |k: SlotKind| l.slot(k).unwrap().offset as usize;
+        assert_eq!(fixed::SP, at(SlotKind::Sp));
+        assert_eq!(fixed::IP, at(SlotKind::Ip));
+        assert_eq!(fixed::RETURN_ADDRESS, at(SlotKind::ReturnAddress));
+        assert_eq!(fixed::RET, at(SlotKind::Reg(spec.int_ret[0])));
     }
 }
