@@ -79,12 +79,12 @@ use crate::exec::JitImage;
 use crate::ftrace::{ftrace, OpsError};
 use crate::grace::{self, DispatchGuard};
 use crate::ops::{Filter, Ops};
-use crate::regs::FtraceRegs;
+use crate::regs::{fixed::RET_SP_DELTA, FtraceRegs};
+use crate::clock;
 use crate::{host_spec, RuntimeError};
-use ftramp_codegen::spec::Location;
 use ftramp_codegen::{image::Image, DataWord, Variant};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Users registered at once (bits of the FRAME bitmap).
@@ -197,11 +197,14 @@ pub struct Fgraph {
     skip_timestamp: bool,
     /// User data.
     pub private: usize,
+    /// Where and when it is registered (`usize::MAX`: not registered).
+    slot: AtomicUsize,
+    reg_epoch: AtomicU32,
 }
 
 impl Fgraph {
     pub fn new(entry: EntryFunc, ret: RetFunc) -> Fgraph {
-        Fgraph { entry, ret, filter: Filter::new(), skip_timestamp: false, private: 0 }
+        Fgraph { entry, ret, filter: Filter::new(), skip_timestamp: false, private: 0, slot: AtomicUsize::new(usize::MAX), reg_epoch: AtomicU32::new(0) }
     }
     /// The functions traced (empty: all).
     pub fn filter(mut self, filter: Filter) -> Fgraph {
@@ -216,6 +219,39 @@ impl Fgraph {
     pub fn private(mut self, private: usize) -> Fgraph {
         self.private = private;
         self
+    }
+
+    /// Runs `f` on the calling thread's task variable for this user
+    /// (`fgraph_get_task_var`): one `u64` per thread and registered user,
+    /// 0 on each thread when the user registers, kept across its calls.
+    /// `None` when the user is not registered (or the thread is exiting).
+    pub fn with_task_var<R>(&self, f: impl FnOnce(&mut u64) -> R) -> Option<R> {
+        let slot = self.slot.load(Acquire);
+        if slot >= MAX_USERS {
+            return None;
+        }
+        let epoch = self.reg_epoch.load(Relaxed);
+        SHADOW
+            .try_with(|sh| {
+                if sh.task_epochs[slot].replace(epoch) != epoch {
+                    sh.task_vars[slot].set(0);
+                }
+                let mut v = sh.task_vars[slot].get();
+                let r = f(&mut v);
+                sh.task_vars[slot].set(v);
+                r
+            })
+            .ok()
+    }
+
+    /// This thread's task variable (see [`Fgraph::with_task_var`]).
+    pub fn task_var(&self) -> Option<u64> {
+        self.with_task_var(|v| *v)
+    }
+
+    /// Sets this thread's task variable; false when not registered.
+    pub fn set_task_var(&self, value: u64) -> bool {
+        self.with_task_var(|v| *v = value).is_some()
     }
 }
 
@@ -244,8 +280,11 @@ static EPOCH: AtomicU32 = AtomicU32::new(0);
 /// 1 + the slot of the only user, or 0 (none, or several).
 static SINGLE: AtomicUsize = AtomicUsize::new(0);
 static TIMESTAMPS: AtomicBool = AtomicBool::new(false);
-/// Per-site user bitmaps (several users only): sorted by site address.
+/// Per-site user bitmaps: sorted by site address.
 static MASKS: AtomicPtr<Vec<(usize, u16)>> = AtomicPtr::new(std::ptr::null_mut());
+/// The users with an empty filter (all functions): the bitmap of a site
+/// missing from `MASKS` (a module loaded since).
+static ALL_MASK: AtomicU16 = AtomicU16::new(0);
 /// The `return_to_handler` trampoline's address.
 static RETURN_TO_HANDLER: AtomicUsize = AtomicUsize::new(0);
 
@@ -319,20 +358,13 @@ pub fn return_to_handler() -> Result<usize, RuntimeError> {
     }
 }
 
-/// How much the stack pointer rises between a function's entry and its
-/// return: the size of a return address the call pushed on the stack.
-fn ret_sp_delta() -> usize {
-    static D: OnceLock<usize> = OnceLock::new();
-    *D.get_or_init(|| if matches!(host_spec().parent, Location::Stack(_)) { 8 } else { 0 })
-}
-
 /// Registers `user`.
 pub fn register_fgraph(user: Arc<Fgraph>) -> Result<(), FgraphError> {
     if grace::dispatch_depth() > 0 {
         return Err(OpsError::FromCallback.into());
     }
     return_to_handler()?;
-    let _ = ret_sp_delta();
+    clock::clock();
     let mut r = registry();
     if r.users.iter().flatten().any(|u| Arc::ptr_eq(u, &user)) {
         return Err(FgraphError::AlreadyRegistered);
@@ -340,10 +372,13 @@ pub fn register_fgraph(user: Arc<Fgraph>) -> Result<(), FgraphError> {
     let slot = r.users.iter().position(Option::is_none).ok_or(FgraphError::Full)?;
     let epoch = EPOCH.fetch_add(1, Relaxed).wrapping_add(1);
     SLOT_EPOCH[slot].store(epoch, Relaxed);
+    user.reg_epoch.store(epoch, Relaxed);
+    user.slot.store(slot, Release);
     SLOTS[slot].store(Arc::as_ptr(&user) as *mut Fgraph, Release);
-    r.users[slot] = Some(user);
+    r.users[slot] = Some(user.clone());
     if let Err(e) = rebuild(&mut r) {
         SLOTS[slot].store(std::ptr::null_mut(), Release);
+        user.slot.store(usize::MAX, Release);
         r.users[slot] = None;
         let _ = rebuild(&mut r);
         return Err(e);
@@ -360,6 +395,7 @@ pub fn unregister_fgraph(user: &Arc<Fgraph>) -> Result<(), FgraphError> {
     let mut r = registry();
     let slot = r.users.iter().position(|u| u.as_ref().is_some_and(|u| Arc::ptr_eq(u, user))).ok_or(FgraphError::NotRegistered)?;
     SLOTS[slot].store(std::ptr::null_mut(), Release);
+    user.slot.store(usize::MAX, Release);
     let removed = r.users[slot].take();
     let res = rebuild(&mut r);
     // Return handlers may still hold it: free after a grace period.
@@ -367,19 +403,24 @@ pub fn unregister_fgraph(user: &Arc<Fgraph>) -> Result<(), FgraphError> {
     res
 }
 
-/// Re-registers the internal ops for the current users.
+/// Brings the internal ops in line with the current users.  The filter
+/// change is one engine [`replace`](crate::ftrace::Ftrace::replace): a
+/// function traced before and after is traced throughout (no window), and
+/// while sites change, the exact per-site bitmaps decide who is called.
 fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     let users: Vec<(usize, &Arc<Fgraph>)> = r.users.iter().enumerate().filter_map(|(i, u)| u.as_ref().map(|u| (i, u))).collect();
-    if let Some(old) = r.ops.take() {
-        ftrace().unregister(&old)?;
-    }
     TIMESTAMPS.store(users.iter().any(|(_, u)| !u.skip_timestamp), Relaxed);
-    SINGLE.store(if users.len() == 1 { users[0].0 + 1 } else { 0 }, Release);
+    // Bitmaps decide until the sites are patched for the new filter.
+    SINGLE.store(0, Release);
     if users.is_empty() {
+        if let Some(old) = r.ops.take() {
+            ftrace().unregister(&old)?;
+        }
         return Ok(());
     }
     // Discovery happens on the engine's first use.
     ftrace().refresh()?;
+    let all = users.iter().filter(|(_, u)| u.filter.is_empty()).fold(0u16, |m, (i, _)| m | 1 << i);
     let mut masks: Vec<(usize, u16)> = Vec::new();
     for (site, _) in ftrace().site_dispatch() {
         let m = users.iter().filter(|(_, u)| u.filter.is_empty() || u.filter.matches(&site)).fold(0u16, |m, (i, _)| m | 1 << i);
@@ -388,11 +429,8 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
         }
     }
     masks.sort_unstable();
-    let filter = if users.iter().any(|(_, u)| u.filter.is_empty()) {
-        Filter::new()
-    } else {
-        masks.iter().fold(Filter::new(), |f, (a, _)| f.addr(*a))
-    };
+    let filter = if all != 0 { Filter::new() } else { masks.iter().fold(Filter::new(), |f, (a, _)| f.addr(*a)) };
+    ALL_MASK.store(all, Relaxed);
     let old = MASKS.swap(Box::into_raw(Box::new(masks)), AcqRel);
     if !old.is_null() {
         // SAFETY: every pointer in MASKS came from Box::into_raw above and
@@ -400,15 +438,29 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
         let old = unsafe { Box::from_raw(old) };
         let _ = grace::defer_free(old, &[]);
     }
-    let ops = Arc::new(Ops::new(graph_entry).filter(filter));
-    ftrace().register(ops.clone())?;
+    let ops = Arc::new(Ops::new(graph_entry).filter(filter).raw_entry());
+    match r.ops.take() {
+        Some(old) => {
+            if let Err(e) = ftrace().replace(&old, ops.clone()) {
+                r.ops = Some(old);
+                return Err(e.into());
+            }
+        }
+        None => {
+            ftrace().register(ops.clone())?;
+        }
+    }
     r.ops = Some(ops);
+    SINGLE.store(if users.len() == 1 { users[0].0 + 1 } else { 0 }, Release);
     Ok(())
 }
 
 // ---------------------------------------------------------------------------
 // Per-thread shadow stack.
 
+/// A thread's shadow stack and fgraph state.  No `Drop`: the thread-local
+/// is then accessed without a liveness check on every traced call; the
+/// mapping is released by [`Unmapper`] at thread exit.
 struct Shadow {
     stack: Cell<*mut u64>,
     len: Cell<usize>,
@@ -425,6 +477,10 @@ struct Shadow {
     /// While entry callbacks run: the base of the frame being built (the
     /// end of the complete frames); `usize::MAX` otherwise.
     building: Cell<usize>,
+    /// Per-user task variables (`fgraph_get_task_var`), and the epoch of
+    /// the user each belongs to (a new user of the slot starts from 0).
+    task_vars: [Cell<u64>; MAX_USERS],
+    task_epochs: [Cell<u32>; MAX_USERS],
 }
 
 impl Shadow {
@@ -440,13 +496,22 @@ impl Shadow {
             ret_base: Cell::new(0),
             ret_head: Cell::new(0),
             building: Cell::new(usize::MAX),
+            task_vars: [const { Cell::new(0) }; MAX_USERS],
+            task_epochs: [const { Cell::new(0) }; MAX_USERS],
         }
     }
 
-    /// Maps the stack on first use (mmap: async-signal-safe).
+    /// Maps the stack on the thread's first traced call (mmap:
+    /// async-signal-safe) and arranges for its unmapping at thread exit.
+    #[cold]
     fn ensure(&self) -> bool {
         if !self.stack.get().is_null() {
             return true;
+        }
+        // Fails while the thread's thread-locals are being destroyed: calls
+        // made from other destructors then run untraced.
+        if UNMAP.try_with(|_| ()).is_err() {
+            return false;
         }
         let words = stack_words();
         // SAFETY: a fresh anonymous mapping aliases nothing.
@@ -461,13 +526,28 @@ impl Shadow {
         true
     }
 
+    /// Unmaps the stack (thread exit).
+    fn release(&self) {
+        let p = self.stack.replace(std::ptr::null_mut());
+        if !p.is_null() {
+            // SAFETY: our own mapping of `len` words; the thread is exiting
+            // and, with `stack` null, nothing reads it again.
+            unsafe { libc::munmap(p as *mut libc::c_void, self.len.get() * 8) };
+        }
+        self.len.set(0);
+        self.top.set(0);
+        self.depth.set(0);
+    }
+
+    #[inline(always)]
     fn get(&self, i: usize) -> u64 {
         debug_assert!(i < self.len.get());
         // SAFETY: `i < len` (callers keep every index below `top <= len`)
-        // and the mapping lives as long as the thread's Shadow.
+        // and the mapping lives until the thread's exit (`release`).
         unsafe { self.stack.get().add(i).read() }
     }
 
+    #[inline(always)]
     fn set(&self, i: usize, v: u64) {
         debug_assert!(i < self.len.get());
         // SAFETY: as in `get`; only this thread touches its stack.
@@ -480,6 +560,7 @@ impl Shadow {
     }
 
     /// The base of the frame whose FRAME header is at `top - 1`.
+    #[inline(always)]
     fn top_frame(&self) -> Option<(usize, u64)> {
         let top = self.top.get();
         if top == 0 {
@@ -516,6 +597,7 @@ impl Shadow {
     }
 
     /// Drops frames left without returning (see the module docs).
+    #[cold]
     fn resync_entry(&self, sp: usize, ret: usize) {
         let rth = RETURN_TO_HANDLER.load(Relaxed);
         while let Some((fb, _)) = self.top_frame() {
@@ -528,32 +610,41 @@ impl Shadow {
             }
         }
     }
+
+    /// Drops frames below a returning function's entry `sp` (left without
+    /// returning); the top frame afterwards, if any.
+    #[cold]
+    fn resync_return(&self, sp: usize) -> Option<(usize, u64)> {
+        loop {
+            let (fb, h) = self.top_frame()?;
+            if (self.get(fb + word::SP) as usize) < sp {
+                self.pop(fb);
+                STALE.fetch_add(1, Relaxed);
+                continue;
+            }
+            return Some((fb, h));
+        }
+    }
 }
 
-impl Drop for Shadow {
+/// Releases the thread's shadow stack when the thread exits (a separate
+/// thread-local so that [`Shadow`] needs no destructor).
+struct Unmapper;
+
+impl Drop for Unmapper {
     fn drop(&mut self) {
-        let p = self.stack.get();
-        if !p.is_null() {
-            // SAFETY: our own mapping; the thread is exiting and no frame of
-            // it can be used again.
-            unsafe { libc::munmap(p as *mut libc::c_void, self.len.get() * 8) };
-        }
+        let _ = SHADOW.try_with(Shadow::release);
     }
 }
 
 thread_local! {
     static SHADOW: Shadow = const { Shadow::new() };
-}
-
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec we own; async-signal-safe.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    static UNMAP: Unmapper = const { Unmapper };
 }
 
 /// The user in `slot`, if still registered and registered at or before
 /// `epoch`.
+#[inline(always)]
 fn user_at(slot: usize, epoch: u32) -> Option<&'static Fgraph> {
     let p = SLOTS[slot].load(Acquire);
     if p.is_null() || SLOT_EPOCH[slot].load(Relaxed).wrapping_sub(epoch) as i32 > 0 {
@@ -568,45 +659,59 @@ fn user_at(slot: usize, epoch: u32) -> Option<&'static Fgraph> {
 /// The users tracing site `ip` (several users).
 fn mask_of(ip: usize) -> u16 {
     let t = MASKS.load(Acquire);
+    let all = ALL_MASK.load(Relaxed);
     if t.is_null() {
-        return 0;
+        return all;
     }
     // SAFETY: published tables are freed only after a grace period, and
     // the caller is inside dispatch.
     let t = unsafe { &*t };
-    t.binary_search_by_key(&ip, |e| e.0).map(|i| t[i].1).unwrap_or(0)
+    t.binary_search_by_key(&ip, |e| e.0).map(|i| t[i].1).unwrap_or(all)
 }
 
-/// The internal ops' callback: push a frame, call the entry callbacks.
+/// The internal ops' callback, called by the trampolines directly (a raw
+/// entry: it enters dispatch itself and never reads `op`): push a frame,
+/// call the entry callbacks.
 extern "C" fn graph_entry(ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
-    if SHADOW.try_with(|sh| push(sh, ip, fregs)).is_err() {
-        // The thread is exiting: its stack is gone.
-        MISSES.fetch_add(1, Relaxed);
-    }
+    let _g = DispatchGuard::enter();
+    SHADOW.with(|sh| push(sh, ip, fregs));
 }
 
+#[inline(always)]
+fn miss(sh: &Shadow) {
+    sh.misses.set(sh.misses.get() + 1);
+    MISSES.fetch_add(1, Relaxed);
+    sh.busy.set(false);
+}
+
+#[inline(always)]
 fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
     if sh.busy.replace(true) {
         RECURSION_MISSES.fetch_add(1, Relaxed);
         return;
     }
-    let epoch = EPOCH.load(Relaxed);
-    let rth = RETURN_TO_HANDLER.load(Relaxed);
-    let ok = sh.ensure();
-    if ok {
-        sh.resync_entry(fregs.stack_pointer(), fregs.return_address());
+    let sp = fregs.stack_pointer();
+    let ret = fregs.return_address();
+    if sh.stack.get().is_null() && !sh.ensure() {
+        return miss(sh);
+    }
+    // The common case costs one comparison: the top frame (the caller's)
+    // was entered above this call.
+    if let Some((tfb, _)) = sh.top_frame() {
+        let tsp = sh.get(tfb + word::SP) as usize;
+        if tsp < sp || (tsp == sp && ret != RETURN_TO_HANDLER.load(Relaxed)) {
+            sh.resync_entry(sp, ret);
+        }
     }
     let fb = sh.top.get();
-    if !ok || fb + word::FIXED + 1 > sh.len.get() {
-        sh.misses.set(sh.misses.get() + 1);
-        MISSES.fetch_add(1, Relaxed);
-        sh.busy.set(false);
-        return;
+    if fb + word::FIXED + 1 > sh.len.get() {
+        return miss(sh);
     }
-    sh.set(fb + word::RET, fregs.return_address() as u64);
+    let epoch = EPOCH.load(Relaxed);
+    sh.set(fb + word::RET, ret as u64);
     sh.set(fb + word::FUNC, ip as u64);
-    sh.set(fb + word::SP, fregs.stack_pointer() as u64);
-    sh.set(fb + word::CALLTIME, if TIMESTAMPS.load(Relaxed) { now_ns() } else { 0 });
+    sh.set(fb + word::SP, sp as u64);
+    sh.set(fb + word::CALLTIME, if TIMESTAMPS.load(Relaxed) { clock::ticks() } else { 0 });
     sh.top.set(fb + word::FIXED);
     sh.building.set(fb);
     let ent = GraphEnt { func: ip, depth: sh.depth.get() };
@@ -642,7 +747,7 @@ fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
         sh.set(head, word::frame(head - fb, want, epoch));
         sh.top.set(head + 1);
         sh.depth.set(sh.depth.get() + 1);
-        fregs.set_return_address(rth);
+        fregs.set_return_address(RETURN_TO_HANDLER.load(Relaxed));
     }
     sh.busy.set(false);
 }
@@ -769,37 +874,35 @@ impl GraphRet {
 /// return address.
 pub extern "C" fn ftrace_return_to_handler(fregs: &mut FtraceRegs) -> usize {
     let _g = DispatchGuard::enter();
-    match SHADOW.try_with(|sh| pop_return(sh, fregs)) {
-        Ok(Some(ret)) => ret,
-        _ => fatal(b"ftramp fgraph: a hijacked return found no shadow-stack frame\n"),
+    match SHADOW.with(|sh| pop_return(sh, fregs)) {
+        Some(ret) => ret,
+        None => fatal(b"ftramp fgraph: a hijacked return found no shadow-stack frame\n"),
     }
 }
 
+#[cold]
 fn fatal(msg: &[u8]) -> ! {
     // SAFETY: write(2) of a static buffer; async-signal-safe.
     unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
     std::process::abort()
 }
 
+#[inline(always)]
 fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> Option<usize> {
     let was_busy = sh.busy.replace(true);
-    let sp = fregs.stack_pointer().wrapping_sub(ret_sp_delta());
+    let sp = fregs.stack_pointer().wrapping_sub(RET_SP_DELTA);
     // Frames below this function's entry sp were left without returning.
-    let (fb, head) = loop {
-        let (fb, h) = sh.top_frame()?;
-        if (sh.get(fb + word::SP) as usize) < sp {
-            sh.pop(fb);
-            STALE.fetch_add(1, Relaxed);
-            continue;
-        }
-        break (fb, h);
+    let (fb, head) = match sh.top_frame() {
+        Some((fb, h)) if sh.get(fb + word::SP) as usize >= sp => (fb, h),
+        _ => sh.resync_return(sp)?,
     };
     let ret = sh.get(fb + word::RET) as usize;
+    let calltime = sh.get(fb + word::CALLTIME);
     let rec = GraphRet {
         func: sh.get(fb + word::FUNC) as usize,
         depth: sh.depth.get() - 1,
-        calltime: sh.get(fb + word::CALLTIME),
-        rettime: if TIMESTAMPS.load(Relaxed) { now_ns() } else { 0 },
+        calltime: if calltime != 0 { clock::ticks_to_ns(calltime) } else { 0 },
+        rettime: if TIMESTAMPS.load(Relaxed) { clock::ticks_to_ns(clock::ticks()) } else { 0 },
     };
     sh.ret_base.set(fb);
     sh.ret_head.set(fb + word::off(head));

@@ -186,7 +186,8 @@ impl Ftrace {
         }
         let n = matched.len();
         start_module_watch();
-        ops.entry.store(dispatch::entry_for(ops.get_flags()), std::sync::atomic::Ordering::Release);
+        let entry = if ops.raw_entry { ops.func() as usize } else { dispatch::entry_for(ops.get_flags()) };
+        ops.entry.store(entry, std::sync::atomic::Ordering::Release);
         st.ops.push(ops);
         if let Err(e) = st.apply() {
             // Leave things as they were.
@@ -208,23 +209,53 @@ impl Ftrace {
         let removed = st.ops.remove(i);
         st.refresh()?;
         let old_table = st.apply()?;
-        // Free what only the removed ops used, after a grace period.
-        let mut dead: Vec<Box<dyn Send>> = vec![Box::new(removed)];
-        let mut dead_code = Vec::new();
-        if let Some(t) = old_table {
-            dead.push(t);
+        st.retire_ops(removed, old_table);
+        Ok(())
+    }
+
+    /// Replaces the registered `old` by `new` in one patching pass: every
+    /// site traced by either calls exactly one of the two at any moment —
+    /// no window where it calls neither, no call that reaches both.  For a
+    /// tracer changing its filter while tracing (fgraph when its set of
+    /// users changes).  When this returns, `old`'s callback is not running
+    /// and is never entered again.
+    pub fn replace(&self, old: &Arc<Ops>, new: Arc<Ops>) -> Result<(), OpsError> {
+        let mut st = self.lock()?;
+        let key = Arc::as_ptr(old) as usize;
+        let Some(i) = st.ops.iter().position(|o| Arc::as_ptr(o) as usize == key) else {
+            return Err(OpsError::NotRegistered(key));
+        };
+        let new_key = Arc::as_ptr(&new) as usize;
+        if st.ops.iter().any(|o| Arc::as_ptr(o) as usize == new_key) {
+            return Err(OpsError::AlreadyRegistered(new_key));
         }
-        for imgs in st.images.values_mut() {
-            let keys: Vec<_> = imgs.direct.keys().filter(|(o, _)| *o == key).copied().collect();
-            for k in keys {
-                if let Some(img) = imgs.direct.remove(&k) {
-                    dead_code.push(img.code_range());
-                    dead.push(Box::new(img));
+        st.refresh()?;
+        let d = st.discovery.as_ref().expect("refreshed");
+        let matched: Vec<&Site> = d.sites().filter(|s| new.traces(s)).collect();
+        if matched.is_empty() {
+            return Err(OpsError::NoSites);
+        }
+        if new.get_flags().contains(OpsFlags::IPMODIFY) {
+            for s in &matched {
+                if st.ops.iter().enumerate().any(|(j, o)| j != i && o.get_flags().contains(OpsFlags::IPMODIFY) && o.traces(s)) {
+                    return Err(OpsError::IpModifyConflict { site: s.to_string() });
                 }
             }
         }
-        st.retire(dead, dead_code);
-        Ok(())
+        let entry = if new.raw_entry { new.func() as usize } else { dispatch::entry_for(new.get_flags()) };
+        new.entry.store(entry, std::sync::atomic::Ordering::Release);
+        let removed = std::mem::replace(&mut st.ops[i], new);
+        match st.apply() {
+            Ok(old_table) => {
+                st.retire_ops(removed, old_table);
+                Ok(())
+            }
+            Err(e) => {
+                st.ops[i] = removed;
+                let _ = st.apply();
+                Err(e.into())
+            }
+        }
     }
 
     /// Re-reads the loaded modules (after `dlopen`/`dlclose`) and re-applies
@@ -286,6 +317,27 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Frees, after a grace period, an ops no longer in the list, the
+    /// direct trampolines only it used and the replaced site table.
+    fn retire_ops(&mut self, removed: Arc<Ops>, old_table: Option<Box<SiteTable>>) {
+        let key = Arc::as_ptr(&removed) as usize;
+        let mut dead: Vec<Box<dyn Send>> = vec![Box::new(removed)];
+        let mut dead_code = Vec::new();
+        if let Some(t) = old_table {
+            dead.push(t);
+        }
+        for imgs in self.images.values_mut() {
+            let keys: Vec<_> = imgs.direct.keys().filter(|(o, _)| *o == key).copied().collect();
+            for k in keys {
+                if let Some(img) = imgs.direct.remove(&k) {
+                    dead_code.push(img.code_range());
+                    dead.push(Box::new(img));
+                }
+            }
+        }
+        self.retire(dead, dead_code);
     }
 
     /// Waits for a grace period, then drops `dead`; quarantines it instead

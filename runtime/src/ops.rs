@@ -154,6 +154,11 @@ pub struct Ops {
     filter: Filter,
     notrace: Filter,
     pub(crate) recursion_misses: AtomicU64,
+    /// Trampolines call `func` itself, not a thunk: for the runtime's own
+    /// callbacks that enter dispatch themselves before touching anything a
+    /// grace period protects, and never read their `op` argument
+    /// (fgraph's entry).
+    pub(crate) raw_entry: bool,
 }
 
 impl Ops {
@@ -168,7 +173,14 @@ impl Ops {
             filter: Filter::new(),
             notrace: Filter::new(),
             recursion_misses: AtomicU64::new(0),
+            raw_entry: false,
         }
+    }
+
+    /// See the `raw_entry` field.
+    pub(crate) fn raw_entry(mut self) -> Ops {
+        self.raw_entry = true;
+        self
     }
 
     pub fn flags(mut self, flags: OpsFlags) -> Ops {
