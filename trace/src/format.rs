@@ -418,9 +418,94 @@ pub fn parse_task_file_name(name: &str) -> Option<(u32, u32, &str)> {
     Some((pid.parse().ok()?, n.parse().ok()?, ext))
 }
 
+// ---------------------------------------------------------------------------
+// Option values as `ftramp record` passes them to the recorder (environment)
+// and writes them into `info`: sizes and durations with units.
+
+/// `64K`, `1M`, `4096`, `2G` (K/M/G are powers of 1024; a trailing `B`/`iB`
+/// is allowed) → bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let mul = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("unknown size unit `{c}` in `{s}` (use K, M or G)")),
+            };
+            (&t[..i], mul)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 64K, 1M)"))?;
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("size `{s}` is too large"))
+}
+
+/// `10us`, `1.5ms`, `2s`, `500ns`, `250` (ns) → nanoseconds.
+pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| c.is_ascii_alphabetic() || c == 'µ')
+        .unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim());
+    let mul: f64 = match unit {
+        "" | "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" | "sec" => 1e9,
+        _ => {
+            return Err(format!(
+                "unknown time unit `{unit}` in `{s}` (use ns, us, ms or s)"
+            ))
+        }
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 10us, 1.5ms)"))?;
+    if !n.is_finite() || n < 0.0 || n * mul > u64::MAX as f64 {
+        return Err(format!("duration `{s}` is out of range"));
+    }
+    Ok((n * mul).round() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("64k"), Ok(65536));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("2GB"), Ok(2 << 30));
+        assert!(parse_size("12Q").unwrap_err().contains("unit"));
+        assert!(parse_size("abc").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ns("250"), Ok(250));
+        assert_eq!(parse_duration_ns("10us"), Ok(10_000));
+        assert_eq!(parse_duration_ns("1.5ms"), Ok(1_500_000));
+        assert_eq!(parse_duration_ns("2s"), Ok(2_000_000_000));
+        assert_eq!(parse_duration_ns("7 ns"), Ok(7));
+        assert!(parse_duration_ns("5h").unwrap_err().contains("unit"));
+        assert!(parse_duration_ns("-1us").is_err());
+        assert!(parse_duration_ns("us").is_err());
+    }
 
     #[test]
     fn header_round_trip_extremes() {
