@@ -1,0 +1,477 @@
+//! The record benchmark (issue 6): `ftramp record` against `uftrace record`
+//! and LLVM XRay's FDR mode, side by side in one run, on one C tracee
+//! (`tracee.c`: a loop calling a 5-call function tree).
+//!
+//! The tracee is built at run time into a scratch directory, once per
+//! tracer: plain (`cc -O2`, the baseline), with patch sites (`ftramp
+//! cflags`), with `-pg` (uftrace) and with `clang++-14 -fxray-instrument`
+//! (XRay). Per tracer:
+//!
+//! * **ns/call** = (wall time of the whole traced run − wall time of the
+//!   plain build's run) / traced calls — start-up, patching, writing the
+//!   trace and the tracer's exit all count;
+//! * **bytes/call** = size of everything the tracer wrote / traced calls.
+//!
+//! Each run is repeated and the fastest kept (the machine may be shared).
+//! A tracer whose tool is missing is skipped with the reason.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// What the benchmark runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Loop iterations of the tracee (5 calls each).
+    pub iterations: u64,
+    /// Runs per measurement; the fastest is kept.
+    pub reps: usize,
+    /// The `ftramp` binary; None: next to this program, else on `PATH`.
+    pub ftramp: Option<PathBuf>,
+    /// Keep the scratch directory (builds and traces) and print its path.
+    pub keep: bool,
+}
+
+/// The issue's targets for `ftramp record` (function_graph).
+pub const TARGET_VS_UFTRACE: f64 = 0.5;
+pub const TARGET_BYTES_PER_CALL: f64 = 16.0;
+
+/// The C compiler for the gcc builds: `$CC`, else `cc`.
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+/// One build of the tracee.
+#[derive(Clone, Debug)]
+pub struct Build {
+    pub name: &'static str,
+    pub how: String,
+    pub exe: PathBuf,
+}
+
+/// Runs `cmd`; Err with its stderr when it cannot start or fails.
+fn run_ok(cmd: &mut Command) -> Result<std::process::Output, String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(6).collect();
+        Err(format!(
+            "{:?} failed ({}): {}",
+            cmd.get_program(),
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ))
+    }
+}
+
+/// Compiles `tracee.c` with `flags` into `dir/name` (compile and link are
+/// separate so `-pg` objects link without gcrt1's profiler start-up).
+fn build_gcc(dir: &Path, name: &'static str, flags: &[&str]) -> Result<Build, String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tracee.c");
+    let obj = dir.join(format!("{name}.o"));
+    let exe = dir.join(name);
+    run_ok(
+        Command::new(cc())
+            .arg("-O2")
+            .args(flags)
+            .arg("-c")
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj),
+    )?;
+    run_ok(Command::new(cc()).arg(&obj).arg("-o").arg(&exe))?;
+    Ok(Build {
+        name,
+        how: format!("{} -O2 {}", cc(), flags.join(" "))
+            .trim_end()
+            .to_string(),
+        exe,
+    })
+}
+
+/// The XRay build: `tracee.c` as C++ with `BENCH_XRAY` (FDR start and
+/// flush), through the ftrace-ops benchmark's `build_xray` (clang++-14).
+fn build_xray(dir: &Path) -> Result<Build, String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tracee.c");
+    let wrapper = dir.join("xray_tracee.cpp");
+    std::fs::write(
+        &wrapper,
+        format!("#define BENCH_XRAY 1\n#include \"{}\"\n", src.display()),
+    )
+    .map_err(|e| format!("writing {}: {e}", wrapper.display()))?;
+    let built = ftrace_ops::bench::build_xray(&wrapper)
+        .ok_or("clang++-14 with XRay is not available (install clang-14 and libclang-rt-14-dev)")?;
+    let exe = dir.join("xray");
+    std::fs::rename(&built, &exe).map_err(|e| format!("moving {}: {e}", built.display()))?;
+    Ok(Build {
+        name: "xray",
+        how: "clang++-14 -O2 -fxray-instrument -fxray-instruction-threshold=1".into(),
+        exe,
+    })
+}
+
+/// Bytes of every file under `path`.
+pub fn disk_bytes(path: &Path) -> u64 {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| disk_bytes(&e.path()))
+            .sum(),
+        Ok(m) => m.len(),
+        Err(_) => 0,
+    }
+}
+
+/// The `calls N` the tracee prints.
+fn calls_printed(stdout: &[u8]) -> Option<u64> {
+    String::from_utf8_lossy(stdout).lines().find_map(|l| {
+        l.strip_prefix("calls ")?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// The fastest of `reps` runs of `make()`, after `before()` each time (not
+/// timed); the last run's output.
+fn best_run(
+    reps: usize,
+    mut before: impl FnMut(),
+    mut make: impl FnMut() -> Command,
+) -> Result<(f64, std::process::Output), String> {
+    let mut best = f64::INFINITY;
+    let mut last = None;
+    for _ in 0..reps.max(1) {
+        before();
+        let mut cmd = make();
+        let t = Instant::now();
+        let out = run_ok(&mut cmd)?;
+        best = best.min(t.elapsed().as_secs_f64());
+        last = Some(out);
+    }
+    Ok((best, last.expect("at least one run")))
+}
+
+/// A tracer's measured row.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub tracer: String,
+    pub build: &'static str,
+    /// The fastest traced run, seconds.
+    pub secs: f64,
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+impl Row {
+    pub fn ns_per_call(&self, baseline_secs: f64) -> f64 {
+        (self.secs - baseline_secs) * 1e9 / self.calls as f64
+    }
+
+    pub fn bytes_per_call(&self) -> f64 {
+        self.bytes as f64 / self.calls as f64
+    }
+}
+
+/// How a tracer records the tracee: its row name, which build it runs and
+/// the command for one run writing into `out` (a fresh directory).
+struct Tracer {
+    name: String,
+    build: &'static str,
+    /// Create the output directory before the run (XRay writes a file into
+    /// it; uftrace and ftramp create theirs).
+    mkdir: bool,
+    command: Box<dyn Fn(&Path, &Path) -> Command>,
+}
+
+/// Where the `ftramp` binary is: `--ftramp`, else next to this program
+/// (cargo's target/<profile>/), else `ftramp` on `PATH`.
+pub fn find_ftramp(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!("--ftramp {}: no such file", p.display()))
+        };
+    }
+    let me = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
+    for dir in me.ancestors().skip(1).take(2) {
+        let p = dir.join("ftramp");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    match Command::new("ftramp").arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(PathBuf::from("ftramp")),
+        _ => Err("the ftramp binary was not found next to this program nor on PATH; build it first: cargo build --release -p ftramp".into()),
+    }
+}
+
+fn tracers(iterations: u64, ftramp: Option<&Path>) -> Vec<Tracer> {
+    let n = iterations.to_string();
+    let mut v = Vec::new();
+    if let Some(f) = ftramp {
+        for tracer in ["function_graph", "function"] {
+            let (f, n) = (f.to_path_buf(), n.clone());
+            v.push(Tracer {
+                name: format!("ftramp record ({tracer})"),
+                build: "sites",
+                mkdir: false,
+                command: Box::new(move |exe, out| {
+                    let mut c = Command::new(&f);
+                    c.args(["record", "--tracer", tracer, "-o"])
+                        .arg(out)
+                        .arg("--")
+                        .arg(exe)
+                        .arg(&n);
+                    c
+                }),
+            });
+        }
+    }
+    let n2 = n.clone();
+    v.push(Tracer {
+        name: "uftrace record".into(),
+        build: "pg",
+        mkdir: false,
+        command: Box::new(move |exe, out| {
+            // --no-libcall: only the tracee's own functions, as ftramp and XRay record.
+            let mut c = Command::new("uftrace");
+            c.args(["record", "--no-libcall", "-d"])
+                .arg(out)
+                .arg(exe)
+                .arg(&n2);
+            c
+        }),
+    });
+    // FDR records ~16 bytes per call plus per-buffer metadata; enough 1 MiB
+    // buffers that nothing is dropped.
+    let buffers = iterations * 5 * 20 / (1 << 20) + 16;
+    v.push(Tracer {
+        name: "XRay FDR".into(),
+        build: "xray",
+        mkdir: true,
+        command: Box::new(move |exe, out| {
+            let mut c = Command::new(exe);
+            c.arg(&n).arg("xray");
+            c.env("XRAY_OPTIONS", format!("patch_premain=true xray_mode=xray-fdr verbosity=0 xray_logfile_base={}/xray-log.", out.display()));
+            // Threshold 0: record every call (the default, 5 us, drops short calls).
+            c.env("XRAY_FDR_OPTIONS", format!("func_duration_threshold_us=0 grace_period_ms=0 buffer_size=1048576 buffer_max={buffers}"));
+            c
+        }),
+    });
+    v
+}
+
+/// Everything one benchmark run measured.
+#[derive(Clone, Debug, Default)]
+pub struct Results {
+    /// (build name, how it was built, fastest untraced run in seconds).
+    pub builds: Vec<(&'static str, String, f64)>,
+    pub rows: Vec<Row>,
+    /// Tracers or builds not measured, with the reason.
+    pub skipped: Vec<String>,
+}
+
+impl Results {
+    pub fn baseline(&self) -> Option<f64> {
+        self.builds.iter().find(|b| b.0 == "plain").map(|b| b.2)
+    }
+
+    pub fn row(&self, prefix: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.tracer.starts_with(prefix))
+    }
+}
+
+/// Builds the tracee variants into `dir` and measures every tracer.
+pub fn measure(opts: &Options, dir: &Path) -> Results {
+    let mut res = Results::default();
+    let site_flags: Vec<&str> = env!("FTRAMP_BENCH_SITE_FLAGS").split_whitespace().collect();
+    let mut builds: Vec<Build> = Vec::new();
+    let attempts: [(&str, Result<Build, String>); 4] = [
+        ("plain", build_gcc(dir, "plain", &[])),
+        ("sites", build_gcc(dir, "sites", &site_flags)),
+        ("pg", build_gcc(dir, "pg", &["-pg"])),
+        ("xray", build_xray(dir)),
+    ];
+    for (name, b) in attempts {
+        match b {
+            Ok(b) => builds.push(b),
+            Err(e) => res.skipped.push(format!("build `{name}`: {e}")),
+        }
+    }
+    let n = opts.iterations.to_string();
+    for b in &builds {
+        match best_run(
+            opts.reps,
+            || {},
+            || {
+                let mut c = Command::new(&b.exe);
+                c.arg(&n);
+                c
+            },
+        ) {
+            Ok((secs, _)) => res.builds.push((b.name, b.how.clone(), secs)),
+            Err(e) => res
+                .skipped
+                .push(format!("build `{}` does not run: {e}", b.name)),
+        }
+    }
+    let ftramp = match find_ftramp(opts.ftramp.as_deref()) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            res.skipped.push(format!("ftramp record: {e}"));
+            None
+        }
+    };
+    if Command::new("uftrace").arg("--version").output().is_err() {
+        res.skipped.push(
+            "uftrace record: uftrace is not installed (Debian: apt-get install uftrace)".into(),
+        );
+    }
+    for t in tracers(opts.iterations, ftramp.as_deref()) {
+        let Some(b) = builds.iter().find(|b| b.name == t.build) else {
+            if !res
+                .skipped
+                .iter()
+                .any(|s| s.contains(&format!("`{}`", t.build)))
+            {
+                res.skipped
+                    .push(format!("{}: no `{}` build", t.name, t.build));
+            }
+            continue;
+        };
+        if t.name.starts_with("uftrace") && res.skipped.iter().any(|s| s.starts_with("uftrace")) {
+            continue;
+        }
+        let out = dir.join(format!("trace-{}", b.name));
+        let fresh = || {
+            let _ = std::fs::remove_dir_all(&out);
+            if t.mkdir {
+                let _ = std::fs::create_dir_all(&out);
+            }
+        };
+        match best_run(opts.reps, fresh, || (t.command)(&b.exe, &out)) {
+            Ok((secs, output)) => match calls_printed(&output.stdout) {
+                Some(calls) => res.rows.push(Row {
+                    tracer: t.name.clone(),
+                    build: b.name,
+                    secs,
+                    calls,
+                    bytes: disk_bytes(&out),
+                }),
+                None => res
+                    .skipped
+                    .push(format!("{}: the tracee printed no call count", t.name)),
+            },
+            Err(e) => res.skipped.push(format!("{}: {e}", t.name)),
+        }
+        if !opts.keep {
+            let _ = std::fs::remove_dir_all(&out);
+        }
+    }
+    res
+}
+
+/// The report: builds with their untraced times, tracers with ns and
+/// bytes per call and their ratio to uftrace, then the targets.
+pub fn report(opts: &Options, res: &Results) -> String {
+    let mut s = String::new();
+    let calls = opts.iterations * 5 + 1;
+    let _ = writeln!(s, "record benchmark: {calls} traced calls per run ({} iterations of a 5-call tree), fastest of {} runs", opts.iterations, opts.reps);
+    let _ = writeln!(s, "\n{:<8} {:>12}  compiled with", "build", "untraced ms");
+    for (name, how, secs) in &res.builds {
+        let _ = writeln!(s, "{name:<8} {:>12.1}  {how}", secs * 1e3);
+    }
+    let Some(base) = res.baseline() else {
+        let _ = writeln!(s, "\nno plain build to measure against");
+        return s;
+    };
+    let uf = res.row("uftrace");
+    let _ = writeln!(
+        s,
+        "\n{:<30} {:>10} {:>9} {:>11} {:>13} {:>13}",
+        "tracer", "traced ms", "ns/call", "bytes/call", "ns vs uftrace", "B vs uftrace"
+    );
+    for r in &res.rows {
+        let (rn, rb) = match uf {
+            Some(u) => (
+                format!("{:.2}x", r.ns_per_call(base) / u.ns_per_call(base)),
+                format!("{:.2}x", r.bytes_per_call() / u.bytes_per_call()),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            s,
+            "{:<30} {:>10.1} {:>9.1} {:>11.1} {:>13} {:>13}",
+            r.tracer,
+            r.secs * 1e3,
+            r.ns_per_call(base),
+            r.bytes_per_call(),
+            rn,
+            rb
+        );
+    }
+    for why in &res.skipped {
+        let _ = writeln!(s, "skipped: {why}");
+    }
+    let _ = writeln!(s, "\ntargets for ftramp record (function_graph):");
+    let fg = res.row("ftramp record (function_graph)");
+    match (fg, uf) {
+        (Some(f), Some(u)) => {
+            let ratio = f.ns_per_call(base) / u.ns_per_call(base);
+            let _ = writeln!(
+                s,
+                "  ns/call <= {TARGET_VS_UFTRACE}x uftrace: {ratio:.2}x {}",
+                if ratio <= TARGET_VS_UFTRACE {
+                    "met"
+                } else {
+                    "NOT met"
+                }
+            );
+        }
+        _ => {
+            let _ = writeln!(s, "  ns/call <= {TARGET_VS_UFTRACE}x uftrace: not measured");
+        }
+    }
+    match fg {
+        Some(f) => {
+            let b = f.bytes_per_call();
+            let _ = writeln!(
+                s,
+                "  bytes/call <= {TARGET_BYTES_PER_CALL}: {b:.1} {}",
+                if b <= TARGET_BYTES_PER_CALL {
+                    "met"
+                } else {
+                    "NOT met"
+                }
+            );
+        }
+        None => {
+            let _ = writeln!(s, "  bytes/call <= {TARGET_BYTES_PER_CALL}: not measured");
+        }
+    }
+    s
+}
+
+/// Runs the whole benchmark in a scratch directory and prints the report.
+pub fn run(opts: &Options) -> Results {
+    let dir = std::env::temp_dir().join(format!("ftramp-record-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let res = measure(opts, &dir);
+    print!("{}", report(opts, &res));
+    if opts.keep {
+        println!("builds and traces kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    res
+}

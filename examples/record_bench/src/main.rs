@@ -1,0 +1,36 @@
+//! `cargo run --release -p record-bench`: ftramp record, uftrace record and
+//! XRay FDR mode side by side on one C tracee (see the library's docs).
+
+use clap::Parser;
+use std::path::PathBuf;
+
+/// ns and bytes per traced call: ftramp record vs uftrace record vs XRay FDR.
+#[derive(Parser)]
+struct Args {
+    /// Loop iterations of the tracee (5 traced calls each).
+    #[arg(long, default_value_t = 1_000_000)]
+    iterations: u64,
+    /// Runs per measurement; the fastest is kept.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// The ftramp binary (default: next to this program, else on PATH).
+    #[arg(long)]
+    ftramp: Option<PathBuf>,
+    /// Keep the builds and traces in the scratch directory.
+    #[arg(long)]
+    keep: bool,
+}
+
+fn main() {
+    let a = Args::parse();
+    if a.iterations == 0 {
+        eprintln!("error: --iterations must be at least 1");
+        std::process::exit(2);
+    }
+    record_bench::run(&record_bench::Options {
+        iterations: a.iterations,
+        reps: a.reps,
+        ftramp: a.ftramp,
+        keep: a.keep,
+    });
+}
