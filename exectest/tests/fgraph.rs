@@ -539,3 +539,98 @@ fn exec_from_inside_a_traced_call() {
     // The failed exec and tracee_nested(3..0); the children's calls were theirs.
     assert_eq!((SMALL[0].load(SeqCst), SMALL[1].load(SeqCst), SMALL[2].load(SeqCst)), (1 + 4, 1 + 4, 0));
 }
+
+extern "C" fn task_var_entry(_e: &GraphEnt, g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    g.with_task_var(|v| *v += 1);
+    false
+}
+
+#[test]
+fn task_variables_are_per_thread_and_per_user() {
+    let _l = lock();
+    let mk = || Arc::new(Fgraph::new(task_var_entry, nop_ret).filter(Filter::new().symbol("tracee_two")).skip_timestamp(true));
+    let (a, b) = (mk(), mk());
+    assert_eq!(a.task_var(), None, "not registered");
+    fgraph::register_fgraph(a.clone()).unwrap();
+    fgraph::register_fgraph(b.clone()).unwrap();
+    assert_eq!(a.task_var(), Some(0));
+    b.set_task_var(100);
+    for _ in 0..5 {
+        tracee_two(1, 2);
+    }
+    assert_eq!((a.task_var(), b.task_var()), (Some(5), Some(105)));
+    let threads: Vec<_> = (1..=3u64)
+        .map(|t| {
+            let (a, b) = (a.clone(), b.clone());
+            std::thread::spawn(move || {
+                for _ in 0..t * 10 {
+                    tracee_two(1, 2);
+                }
+                (t, a.task_var(), b.task_var())
+            })
+        })
+        .collect();
+    for t in threads {
+        let (n, va, vb) = t.join().unwrap();
+        assert_eq!((va, vb), (Some(n * 10), Some(n * 10)), "thread {n}");
+    }
+    assert_eq!((a.task_var(), b.task_var()), (Some(5), Some(105)), "other threads leave ours alone");
+    // A user registered again starts from 0 on every thread.
+    fgraph::unregister_fgraph(&a).unwrap();
+    assert_eq!(a.task_var(), None);
+    fgraph::register_fgraph(a.clone()).unwrap();
+    assert_eq!(a.task_var(), Some(0));
+    fgraph::unregister_fgraph(&a).unwrap();
+    fgraph::unregister_fgraph(&b).unwrap();
+}
+
+extern "C" fn count_two_entry(e: &GraphEnt, g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    let s = stats(g);
+    if e.func == tracee_two as *const () as usize {
+        s.entries.fetch_add(1, SeqCst);
+    } else {
+        s.bad.fetch_add(1, SeqCst);
+    }
+    true
+}
+
+extern "C" fn count_two_ret(_r: &GraphRet, g: &Fgraph, _f: &mut FtraceRegs) {
+    stats(g).rets.fetch_add(1, SeqCst);
+}
+
+#[test]
+fn filter_and_user_changes_leave_no_untraced_window() {
+    let _l = lock();
+    let s = new_stats();
+    let two = || Filter::new().symbol("tracee_two");
+    let u = Arc::new(Fgraph::new(count_two_entry, count_two_ret).filter(two()).skip_timestamp(true).private(s as *const Stats as usize));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let caller = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut calls = 0u64;
+            while !stop.load(SeqCst) {
+                assert_eq!(tracee_two(1, 2), 1002);
+                calls += 1;
+            }
+            calls
+        })
+    };
+    for i in 0..10 {
+        // The user's own filter grows and shrinks...
+        fgraph::set_fgraph_filter(&u, two().symbol("tracee_nested")).unwrap();
+        fgraph::set_fgraph_filter(&u, two()).unwrap();
+        // ...and other users come and go (the internal ops is replaced).
+        let (other, _) = user(Filter::new().symbol(if i % 2 == 0 { "tracee_nested" } else { "tracee_two" }));
+        fgraph::register_fgraph(other.clone()).unwrap();
+        fgraph::unregister_fgraph(&other).unwrap();
+    }
+    stop.store(true, SeqCst);
+    let calls = caller.join().unwrap();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert!(calls > 0);
+    assert_eq!(s.bad.load(SeqCst), 0);
+    assert_eq!(s.entries.load(SeqCst), calls, "every call traced across 40 changes");
+    assert_eq!(s.rets.load(SeqCst), calls);
+}

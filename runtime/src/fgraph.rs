@@ -193,7 +193,9 @@ pub type RetFunc = extern "C" fn(&GraphRet, &Fgraph, &mut FtraceRegs);
 pub struct Fgraph {
     entry: EntryFunc,
     ret: RetFunc,
-    filter: Filter,
+    /// Read only under the registry lock (rebuild); changed by
+    /// [`set_fgraph_filter`].
+    filter: Mutex<Filter>,
     skip_timestamp: bool,
     /// User data.
     pub private: usize,
@@ -204,11 +206,11 @@ pub struct Fgraph {
 
 impl Fgraph {
     pub fn new(entry: EntryFunc, ret: RetFunc) -> Fgraph {
-        Fgraph { entry, ret, filter: Filter::new(), skip_timestamp: false, private: 0, slot: AtomicUsize::new(usize::MAX), reg_epoch: AtomicU32::new(0) }
+        Fgraph { entry, ret, filter: Mutex::new(Filter::new()), skip_timestamp: false, private: 0, slot: AtomicUsize::new(usize::MAX), reg_epoch: AtomicU32::new(0) }
     }
     /// The functions traced (empty: all).
-    pub fn filter(mut self, filter: Filter) -> Fgraph {
-        self.filter = filter;
+    pub fn filter(self, filter: Filter) -> Fgraph {
+        *self.filter.lock().unwrap_or_else(|e| e.into_inner()) = filter;
         self
     }
     /// No clock reads for this user (`calltime`/`rettime` may be 0).
@@ -386,6 +388,26 @@ pub fn register_fgraph(user: Arc<Fgraph>) -> Result<(), FgraphError> {
     Ok(())
 }
 
+/// Changes the functions a registered `user` traces, without a window:
+/// functions it traces before and after are traced throughout, and its
+/// frames in flight still reach its return callback.
+pub fn set_fgraph_filter(user: &Arc<Fgraph>, filter: Filter) -> Result<(), FgraphError> {
+    if grace::dispatch_depth() > 0 {
+        return Err(OpsError::FromCallback.into());
+    }
+    let mut r = registry();
+    if !r.users.iter().flatten().any(|u| Arc::ptr_eq(u, user)) {
+        return Err(FgraphError::NotRegistered);
+    }
+    let old = std::mem::replace(&mut *user.filter.lock().unwrap_or_else(|e| e.into_inner()), filter);
+    if let Err(e) = rebuild(&mut r) {
+        *user.filter.lock().unwrap_or_else(|e| e.into_inner()) = old;
+        let _ = rebuild(&mut r);
+        return Err(e);
+    }
+    Ok(())
+}
+
 /// Unregisters `user`: when this returns its callbacks are not running
 /// and are never called again (pending returns skip it).
 pub fn unregister_fgraph(user: &Arc<Fgraph>) -> Result<(), FgraphError> {
@@ -409,6 +431,7 @@ pub fn unregister_fgraph(user: &Arc<Fgraph>) -> Result<(), FgraphError> {
 /// while sites change, the exact per-site bitmaps decide who is called.
 fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     let users: Vec<(usize, &Arc<Fgraph>)> = r.users.iter().enumerate().filter_map(|(i, u)| u.as_ref().map(|u| (i, u))).collect();
+    let filters: Vec<std::sync::MutexGuard<'_, Filter>> = users.iter().map(|(_, u)| u.filter.lock().unwrap_or_else(|e| e.into_inner())).collect();
     TIMESTAMPS.store(users.iter().any(|(_, u)| !u.skip_timestamp), Relaxed);
     // Bitmaps decide until the sites are patched for the new filter.
     SINGLE.store(0, Release);
@@ -420,10 +443,10 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     }
     // Discovery happens on the engine's first use.
     ftrace().refresh()?;
-    let all = users.iter().filter(|(_, u)| u.filter.is_empty()).fold(0u16, |m, (i, _)| m | 1 << i);
+    let all = users.iter().zip(&filters).filter(|(_, f)| f.is_empty()).fold(0u16, |m, ((i, _), _)| m | 1 << i);
     let mut masks: Vec<(usize, u16)> = Vec::new();
     for (site, _) in ftrace().site_dispatch() {
-        let m = users.iter().filter(|(_, u)| u.filter.is_empty() || u.filter.matches(&site)).fold(0u16, |m, (i, _)| m | 1 << i);
+        let m = users.iter().zip(&filters).filter(|(_, f)| f.is_empty() || f.matches(&site)).fold(0u16, |m, ((i, _), _)| m | 1 << i);
         if m != 0 {
             masks.push((site.addr, m));
         }
@@ -821,6 +844,53 @@ impl GraphRet {
             })
             .ok()
             .flatten()
+    }
+}
+
+impl GraphRet {
+    /// Calls `f` with each block this user reserved at entry, in
+    /// reservation order (one walk of the frame; fprobe's exit).
+    pub fn for_each_data(&self, mut f: impl FnMut(&mut [u8])) {
+        const MAX: usize = 32;
+        let mut blocks = [(0usize, 0usize); MAX];
+        let mut n = 0;
+        let complete = SHADOW
+            .try_with(|sh| {
+                let base = sh.ret_base.get() + word::FIXED;
+                let user = sh.cur_user.get();
+                let mut h = sh.ret_head.get();
+                while h > base {
+                    let w = sh.get(h - 1);
+                    if word::kind(w) != word::TYPE_DATA {
+                        break;
+                    }
+                    let start = h - 1 - word::data_words(word::off(w));
+                    if word::user(w) == user {
+                        if n == MAX {
+                            return false;
+                        }
+                        blocks[n] = (start, word::off(w));
+                        n += 1;
+                    }
+                    h = start;
+                }
+                for &(at, size) in blocks[..n].iter().rev() {
+                    // SAFETY: as in `retrieve_data`: a block of the frame
+                    // being returned from, popped only after the return
+                    // callbacks; the borrow ends with the call.
+                    f(unsafe { std::slice::from_raw_parts_mut(sh.ptr(at) as *mut u8, size) });
+                }
+                true
+            })
+            .unwrap_or(true);
+        if !complete {
+            // More blocks than fit the array: one by one (rare).
+            let mut i = 0;
+            while let Some(b) = self.retrieve_data_nth(i) {
+                f(b);
+                i += 1;
+            }
+        }
     }
 }
 

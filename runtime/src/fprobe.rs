@@ -257,20 +257,27 @@ fn publish(r: &Registry) -> Option<Box<Tables>> {
 /// Replaces the shared fgraph user by one tracing every registered site
 /// (none: no user).
 fn rebuild_user(r: &mut Registry) -> Result<(), FprobeError> {
-    if let Some(old) = r.user.take() {
-        // Waits for a grace period: no old callback runs after this.
-        fgraph::unregister_fgraph(&old)?;
-    }
     let mut ips: Vec<usize> = r.probes.iter().flat_map(|p| p.ips.iter().copied()).collect();
     if ips.is_empty() {
+        if let Some(old) = r.user.take() {
+            // Waits for a grace period: no old callback runs after this.
+            fgraph::unregister_fgraph(&old)?;
+        }
         return Ok(());
     }
     ips.sort_unstable();
     ips.dedup();
     let filter = ips.iter().fold(Filter::new(), |f, a| f.addr(*a));
-    let user = Arc::new(Fgraph::new(fp_entry, fp_exit).filter(filter).skip_timestamp(true));
-    fgraph::register_fgraph(user.clone())?;
-    r.user = Some(user);
+    match &r.user {
+        // One filter change: functions probed before and after stay probed
+        // throughout; exits check their registration in the tables.
+        Some(user) => fgraph::set_fgraph_filter(user, filter)?,
+        None => {
+            let user = Arc::new(Fgraph::new(fp_entry, fp_exit).filter(filter).skip_timestamp(true));
+            fgraph::register_fgraph(user.clone())?;
+            r.user = Some(user);
+        }
+    }
     Ok(())
 }
 
@@ -392,8 +399,12 @@ extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> b
         let size = fp.entry_data_size;
         if fp.exit_handler.is_none() {
             if let Some(h) = fp.entry_handler {
-                let mut buf = [0u8; ENTRY_DATA_MAX];
-                h(fp, ent.func, ret_ip, fregs, &mut buf[..size]);
+                if size == 0 {
+                    h(fp, ent.func, ret_ip, fregs, &mut []);
+                } else {
+                    let mut buf = [0u8; ENTRY_DATA_MAX];
+                    h(fp, ent.func, ret_ip, fregs, &mut buf[..size]);
+                }
             }
             continue;
         }
@@ -417,14 +428,12 @@ extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> b
 
 extern "C" fn fp_exit(ret: &GraphRet, _g: &Fgraph, fregs: &mut FtraceRegs) {
     let Some(t) = tables() else { return };
-    let mut n = 0;
-    while let Some(block) = ret.retrieve_data_nth(n) {
-        n += 1;
+    ret.for_each_data(|block| {
         let (head, data) = block.split_at_mut(HEADER);
         let word = |i: usize| u64::from_ne_bytes(head[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         let (fpw, id, ret_ip) = (word(0) as usize, word(1), word(2) as usize);
         if fpw == 0 || t.by_fprobe.get(&fpw) != Some(&id) {
-            continue;
+            return;
         }
         // SAFETY: still in the tables under the same registration: the
         // registry holds it (see fp_entry).
@@ -432,5 +441,5 @@ extern "C" fn fp_exit(ret: &GraphRet, _g: &Fgraph, fregs: &mut FtraceRegs) {
         if let Some(h) = fp.exit_handler {
             h(fp, ret.func, ret_ip, fregs, data);
         }
-    }
+    });
 }
