@@ -1,0 +1,284 @@
+//! A thread's events as a call tree: what replay, report and dump walk.
+//!
+//! Nesting comes from the ENTRY/EXIT order. An EXIT normally closes the innermost open
+//! call; an EXIT for a call further out (its inner calls left without returning: longjmp,
+//! an exception through untraced frames) closes the calls above it as *unwound* at that
+//! time; an EXIT with no open call of that function is counted in
+//! [`CallTree::unmatched_exits`] and otherwise ignored. Calls still open at the end of
+//! the thread are *unfinished*. Traces of the `function` tracer (entries only) give a flat
+//! list of calls without end.
+//!
+//! The tree is kept in one arena and every walk is iterative, so deep recursion in the
+//! traced program cannot overflow the reader's stack.
+
+use crate::read::{EventKind, Lost, Thread};
+
+/// How a call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Its EXIT was recorded at this time.
+    Returned(u64),
+    /// An outer call's EXIT came first (longjmp, exception): ended by then.
+    Unwound(u64),
+    /// No EXIT before the thread's data ended (still running, crashed, or data lost).
+    Unfinished,
+    /// The trace records entries only (`function` tracer).
+    NoExit,
+}
+
+/// One call of a function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub func: u32,
+    pub entry_ns: u64,
+    pub end: End,
+    /// Number of calls it is nested in.
+    pub depth: u32,
+    pub children: Vec<Node>,
+}
+
+impl Call {
+    /// When the call ended, if it did.
+    pub fn end_ns(&self) -> Option<u64> {
+        match self.end {
+            End::Returned(t) | End::Unwound(t) => Some(t),
+            End::Unfinished | End::NoExit => None,
+        }
+    }
+
+    /// Duration when the call ended.
+    pub fn duration(&self) -> Option<u64> {
+        self.end_ns().map(|e| e.saturating_sub(self.entry_ns))
+    }
+}
+
+/// A child of a call (or a root of the tree): a call, or a loss at that point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Node {
+    /// Index into [`CallTree::calls`].
+    Call(usize),
+    /// A loss: time and what.
+    Lost { ns: u64, what: Lost },
+}
+
+/// The calls of one thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallTree {
+    pub calls: Vec<Call>,
+    pub roots: Vec<Node>,
+    /// EXITs without a matching open call.
+    pub unmatched_exits: u64,
+    /// Time of the thread's last event (0 without events).
+    pub last_ns: u64,
+}
+
+impl CallTree {
+    /// Builds the tree of `thread`; `has_exits` is false for entry-only traces.
+    pub fn build(thread: &Thread, has_exits: bool) -> CallTree {
+        let mut tree = CallTree {
+            last_ns: thread.events.last().map(|e| e.ns).unwrap_or(0),
+            ..Default::default()
+        };
+        let mut open: Vec<usize> = Vec::new();
+        let mut losses = thread.losses.iter().peekable();
+        for (i, ev) in thread.events.iter().enumerate() {
+            while let Some(l) = losses.next_if(|l| l.at <= i) {
+                tree.push(
+                    &open,
+                    Node::Lost {
+                        ns: l.ns,
+                        what: l.what,
+                    },
+                );
+            }
+            match ev.kind {
+                EventKind::Entry => {
+                    let idx = tree.calls.len();
+                    tree.calls.push(Call {
+                        func: ev.func,
+                        entry_ns: ev.ns,
+                        end: if has_exits {
+                            End::Unfinished
+                        } else {
+                            End::NoExit
+                        },
+                        depth: open.len() as u32,
+                        children: Vec::new(),
+                    });
+                    tree.push(&open, Node::Call(idx));
+                    if has_exits {
+                        open.push(idx);
+                    }
+                }
+                EventKind::Exit => {
+                    match open.iter().rposition(|&c| tree.calls[c].func == ev.func) {
+                        Some(pos) => {
+                            for &inner in &open[pos + 1..] {
+                                tree.calls[inner].end = End::Unwound(ev.ns);
+                            }
+                            tree.calls[open[pos]].end = End::Returned(ev.ns);
+                            open.truncate(pos);
+                        }
+                        None => tree.unmatched_exits += 1,
+                    }
+                }
+            }
+        }
+        for l in losses {
+            tree.push(
+                &open,
+                Node::Lost {
+                    ns: l.ns,
+                    what: l.what,
+                },
+            );
+        }
+        tree
+    }
+
+    fn push(&mut self, open: &[usize], node: Node) {
+        match open.last() {
+            Some(&parent) => self.calls[parent].children.push(node),
+            None => self.roots.push(node),
+        }
+    }
+
+    /// Calls in depth-first (entry) order, with each call's parent.
+    pub fn preorder(&self) -> Vec<(usize, Option<usize>)> {
+        let mut out = Vec::with_capacity(self.calls.len());
+        let mut stack: Vec<(usize, Option<usize>)> = Vec::new();
+        let push_children =
+            |stack: &mut Vec<(usize, Option<usize>)>, nodes: &[Node], parent: Option<usize>| {
+                for n in nodes.iter().rev() {
+                    if let Node::Call(c) = *n {
+                        stack.push((c, parent));
+                    }
+                }
+            };
+        push_children(&mut stack, &self.roots, None);
+        while let Some((c, parent)) = stack.pop() {
+            out.push((c, parent));
+            push_children(&mut stack, &self.calls[c].children, Some(c));
+        }
+        out
+    }
+
+    /// Self time of call `c`: its duration minus its direct children's durations.
+    /// `None` when the call has not ended.
+    pub fn self_ns(&self, c: usize) -> Option<u64> {
+        let call = &self.calls[c];
+        let d = call.duration()?;
+        let children: u64 = call
+            .children
+            .iter()
+            .filter_map(|n| match *n {
+                Node::Call(k) => self.calls[k].duration(),
+                Node::Lost { .. } => None,
+            })
+            .fold(0, u64::saturating_add);
+        Some(d.saturating_sub(children))
+    }
+
+    /// End of call `c` for display of unfinished calls: its end, else the thread's last
+    /// event time (never before its entry).
+    pub fn end_or_last(&self, c: usize) -> u64 {
+        let call = &self.calls[c];
+        call.end_ns().unwrap_or(self.last_ns).max(call.entry_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::read::{Event, Loss};
+
+    fn ev(kind: EventKind, func: u32, ns: u64) -> Event {
+        Event { kind, func, ns }
+    }
+
+    #[test]
+    fn nesting_unwinding_and_unmatched() {
+        use EventKind::*;
+        let t = Thread {
+            tid: 1,
+            events: vec![
+                ev(Entry, 0, 0),
+                ev(Entry, 1, 10),
+                ev(Exit, 1, 20),
+                ev(Entry, 2, 30),
+                ev(Entry, 3, 35),
+                // 2 returns while 3 is open: 3 unwound.
+                ev(Exit, 2, 50),
+                ev(Exit, 9, 55),
+                ev(Entry, 4, 60),
+            ],
+            losses: vec![Loss {
+                at: 3,
+                ns: 20,
+                what: Lost::Events(5),
+            }],
+            ..Default::default()
+        };
+        let tree = CallTree::build(&t, true);
+        assert_eq!(tree.roots, vec![Node::Call(0)]);
+        assert_eq!(tree.calls[0].end, End::Unfinished);
+        assert_eq!(
+            tree.calls[0].children,
+            vec![
+                Node::Call(1),
+                Node::Lost {
+                    ns: 20,
+                    what: Lost::Events(5)
+                },
+                Node::Call(2),
+                Node::Call(4)
+            ]
+        );
+        assert_eq!(tree.calls[1].end, End::Returned(20));
+        assert_eq!(tree.calls[2].end, End::Returned(50));
+        assert_eq!(tree.calls[3].end, End::Unwound(50));
+        assert_eq!(tree.calls[3].depth, 2);
+        assert_eq!(tree.unmatched_exits, 1);
+        assert_eq!(tree.self_ns(2), Some(20 - 15));
+        assert_eq!(tree.self_ns(0), None);
+        assert_eq!(tree.end_or_last(0), 60);
+        let order: Vec<usize> = tree.preorder().into_iter().map(|(c, _)| c).collect();
+        assert_eq!(order, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn entries_only_is_flat() {
+        let t = Thread {
+            events: vec![ev(EventKind::Entry, 0, 1), ev(EventKind::Entry, 1, 2)],
+            ..Default::default()
+        };
+        let tree = CallTree::build(&t, false);
+        assert_eq!(tree.roots, vec![Node::Call(0), Node::Call(1)]);
+        assert!(tree
+            .calls
+            .iter()
+            .all(|c| c.end == End::NoExit && c.depth == 0));
+    }
+
+    #[test]
+    fn deep_recursion_does_not_recurse() {
+        let n = 200_000;
+        let mut events = Vec::new();
+        for i in 0..n {
+            events.push(ev(EventKind::Entry, 7, i));
+        }
+        for i in 0..n {
+            events.push(ev(EventKind::Exit, 7, n + i));
+        }
+        let tree = CallTree::build(
+            &Thread {
+                events,
+                ..Default::default()
+            },
+            true,
+        );
+        assert_eq!(tree.preorder().len(), n as usize);
+        assert_eq!(tree.calls[n as usize - 1].depth, n as u32 - 1);
+        assert_eq!(tree.calls[0].duration(), Some(2 * n - 1));
+    }
+}

@@ -1,0 +1,258 @@
+//! `ftramp dump`: a trace in other tools' formats.
+//!
+//! - [`chrome`]: Chrome trace-event JSON (the JSON object form), which the Perfetto UI
+//!   and `chrome://tracing` open. Each call is a `B`/`E` pair on its thread (`ts` in
+//!   microseconds since the start of the trace); an unfinished call ends at its thread's
+//!   last event with `args.unfinished`, an unwound one carries `args.unwound`; lost events
+//!   are instant (`i`) events; processes and threads get `process_name`/`thread_name`
+//!   metadata. `function` tracer traces give instant events only.
+//! - [`folded`]: folded stacks, one `frame;frame;... value` line per distinct stack with
+//!   its self time in nanoseconds (the input of flamegraph.pl and inferno). By default the
+//!   stacks start with a process frame (`exe [pid]`) and a thread frame (`tid N`);
+//!   `function` tracer traces count calls instead of time.
+
+use crate::calls::{CallTree, End, Node};
+use crate::read::Trace;
+use crate::replay::{name, names_of, Select};
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+
+/// Deepest stack written to folded output; the self time of deeper calls is added to a
+/// `[deeper]` frame (a folded line repeats its whole stack, so a very deep recursion would
+/// otherwise make the output quadratic).
+pub const MAX_FOLDED_DEPTH: usize = 1000;
+
+/// A JSON string literal.
+pub fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            '\t' => o.push_str("\\t"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// Nanoseconds as microseconds with three decimals (exact).
+fn us(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+/// Writes Chrome trace-event JSON of the selected threads.
+pub fn chrome(trace: &Trace, select: &Select, out: &mut dyn Write) -> io::Result<()> {
+    let has_exits = trace.info.has_exits();
+    let start = trace.start_ns();
+    let rel = |ns: u64| us(ns.saturating_sub(start));
+    writeln!(out, "{{\"displayTimeUnit\":\"ns\",")?;
+    writeln!(
+        out,
+        "\"otherData\":{{\"trace\":{},\"tracer\":{},\"command\":{},\"start_ns\":{start}}},",
+        json_str(&trace.dir.display().to_string()),
+        json_str(&trace.info.tracer),
+        json_str(&trace.info.command.join(" "))
+    )?;
+    write!(out, "\"traceEvents\":[")?;
+    let mut first = true;
+    let mut ev = |out: &mut dyn Write, body: String| -> io::Result<()> {
+        let sep = if first { "\n" } else { ",\n" };
+        first = false;
+        write!(out, "{sep}{body}")
+    };
+    // One process_name per pid (exec'd images share the pid): their names joined.
+    let mut pid_names: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for p in trace.processes.iter().filter(|p| select.process(p)) {
+        let v = pid_names.entry(p.pid).or_default();
+        if !v.iter().any(|n| n == p.short_name()) {
+            v.push(p.short_name().to_string());
+        }
+    }
+    for (pid, names) in &pid_names {
+        ev(
+            out,
+            format!(
+                "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{pid},\"args\":{{\"name\":{}}}}}",
+                json_str(&names.join(" -> "))
+            ),
+        )?;
+    }
+    for p in trace.processes.iter().filter(|p| select.process(p)) {
+        let names = names_of(p);
+        let pid = p.pid;
+        for t in p.threads.iter().filter(|t| select.thread(t)) {
+            let tid = t.tid;
+            if p.image == 0 || !trace.processes.iter().any(|q| q.pid == pid && q.image == 0) {
+                let tname = if tid == pid {
+                    format!("{} (main)", p.short_name())
+                } else {
+                    format!("thread {tid}")
+                };
+                ev(
+                    out,
+                    format!(
+                        "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
+                        json_str(&tname)
+                    ),
+                )?;
+            }
+            let tree = CallTree::build(t, has_exits);
+            let mut work: Vec<(Node, bool)> =
+                tree.roots.iter().rev().map(|&n| (n, false)).collect();
+            while let Some((node, close)) = work.pop() {
+                match node {
+                    Node::Lost { ns, what } => ev(
+                        out,
+                        format!(
+                            "{{\"name\":{},\"cat\":\"lost\",\"ph\":\"i\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}}}",
+                            json_str(&what.to_string()),
+                            rel(ns)
+                        ),
+                    )?,
+                    Node::Call(c) => {
+                        let call = &tree.calls[c];
+                        let n = json_str(&name(&names, call.func));
+                        if call.end == End::NoExit {
+                            ev(
+                                out,
+                                format!(
+                                    "{{\"name\":{n},\"cat\":\"function\",\"ph\":\"i\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}}}",
+                                    rel(call.entry_ns)
+                                ),
+                            )?;
+                        } else if !close {
+                            ev(
+                                out,
+                                format!(
+                                    "{{\"name\":{n},\"cat\":\"function\",\"ph\":\"B\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}}}",
+                                    rel(call.entry_ns)
+                                ),
+                            )?;
+                            work.push((node, true));
+                            work.extend(call.children.iter().rev().map(|&k| (k, false)));
+                        } else {
+                            let args = match call.end {
+                                End::Unwound(_) => ",\"args\":{\"unwound\":true}",
+                                End::Unfinished => ",\"args\":{\"unfinished\":true}",
+                                End::Returned(_) | End::NoExit => "",
+                            };
+                            ev(
+                                out,
+                                format!(
+                                    "{{\"name\":{n},\"cat\":\"function\",\"ph\":\"E\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}{args}}}",
+                                    rel(tree.end_or_last(c))
+                                ),
+                            )?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    writeln!(out, "\n]}}")
+}
+
+/// Options of [`folded`].
+#[derive(Debug, Clone, Default)]
+pub struct FoldOptions {
+    pub select: Select,
+    /// One set of stacks for the whole trace, without process and thread frames.
+    pub merged: bool,
+}
+
+/// Folded stacks of the selected threads, sorted: `a;b;c <self ns>` (calls for `function`
+/// tracer traces). Unfinished calls count until their thread's last event.
+pub fn folded(trace: &Trace, opts: &FoldOptions) -> Vec<String> {
+    let has_exits = trace.info.has_exits();
+    let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
+    for p in trace.processes.iter().filter(|p| opts.select.process(p)) {
+        let names: Vec<String> = names_of(p).into_iter().map(|n| frame(&n)).collect();
+        for t in p.threads.iter().filter(|t| opts.select.thread(t)) {
+            let tree = CallTree::build(t, has_exits);
+            let prefix = if opts.merged {
+                String::new()
+            } else {
+                format!("{} [{}];tid {};", frame(p.short_name()), p.pid, t.tid)
+            };
+            // The current stack as a string, and where each frame starts in it.
+            let mut path = prefix.clone();
+            let mut marks: Vec<(usize, usize)> = Vec::new(); // (call, path length before it)
+            for (c, parent) in tree.preorder() {
+                while let Some(&(top, len)) = marks.last() {
+                    if Some(top) == parent {
+                        break;
+                    }
+                    marks.pop();
+                    path.truncate(len);
+                }
+                let call = &tree.calls[c];
+                let before = path.len();
+                if marks.len() < MAX_FOLDED_DEPTH {
+                    if marks.is_empty() {
+                        path.truncate(prefix.len());
+                    } else {
+                        path.push(';');
+                    }
+                    path.push_str(&name(&names, call.func));
+                } else if marks.len() == MAX_FOLDED_DEPTH {
+                    path.push_str(";[deeper]");
+                }
+                marks.push((c, before));
+                let value = if call.end == End::NoExit {
+                    Some(1)
+                } else {
+                    self_or_last(&tree, c)
+                };
+                if let Some(v) = value.filter(|&v| v > 0) {
+                    let e = stacks.entry(path.clone()).or_default();
+                    *e = e.saturating_add(v);
+                }
+            }
+        }
+    }
+    stacks
+        .into_iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect()
+}
+
+/// A function name usable as a folded frame (`;` separates frames, newlines end lines).
+fn frame(n: &str) -> String {
+    n.replace([';', '\n', '\r'], ":")
+}
+
+/// Self time of a call, unfinished calls running until the thread's last event.
+fn self_or_last(tree: &CallTree, c: usize) -> Option<u64> {
+    let call = &tree.calls[c];
+    let total = tree.end_or_last(c) - call.entry_ns;
+    let children: u64 = call
+        .children
+        .iter()
+        .filter_map(|n| match *n {
+            Node::Call(k) if tree.calls[k].end != End::NoExit => {
+                Some(tree.end_or_last(k) - tree.calls[k].entry_ns)
+            }
+            _ => None,
+        })
+        .fold(0, u64::saturating_add);
+    Some(total.saturating_sub(children))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_strings() {
+        assert_eq!(json_str("a\"b\\c\n\u{1}é"), "\"a\\\"b\\\\c\\n\\u0001é\"");
+        assert_eq!(us(1_234_567), "1234.567");
+        assert_eq!(us(5), "0.005");
+        assert_eq!(frame("a;b\nc"), "a:b:c");
+    }
+}

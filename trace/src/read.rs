@@ -1,0 +1,976 @@
+//! Reading a trace directory (format v1, see [`crate::format`]) into memory.
+//!
+//! [`Trace::open`] never panics on bad input. It fails only when nothing is readable
+//! (no directory, or no trace files in it); any damage after intact data becomes a
+//! [`TraceError`] in [`Trace::problems`] naming the file, the byte offset (or line) and what
+//! was wrong, and the intact part is kept:
+//!
+//! - a `.dat` chunk with a bad header: the chunks before it are kept and the reader
+//!   re-synchronises on the next valid `FTRC` header after it;
+//! - a bad event inside a chunk: the events before it are kept, the rest of that chunk is
+//!   skipped (recorded as a [`Lost::Damaged`] gap) and reading goes on with the next chunk;
+//! - a chunk cut short by the end of the file: its complete events are kept;
+//! - a missing or bad `.sym` line: events of those functions are shown by id;
+//! - a missing or bad `.info`: the clock calibration of another process of the trace is
+//!   used (they share one), else ticks are taken as nanoseconds.
+//!
+//! Ticks become nanoseconds with the process's calibration:
+//! `ns = base_ns + (ticks - base_ticks) * 1e9 / ticks_per_sec`, in 128-bit arithmetic.
+//! The chunks of a thread are ordered by their `seq`; a gap in `seq` is counted as lost
+//! chunks ([`Thread::lost_chunks`]) and shown where it happened ([`Thread::losses`]).
+
+use crate::format::{self, ChunkHeader, CHUNK_HEADER_SIZE, CHUNK_MAGIC, EVENT_SIZE};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A trace problem: the file, where in it, and what was wrong (and what was kept).
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be read at all.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Damage at a byte offset of a binary file.
+    #[error("{}: offset {offset}: {what}", path.display())]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        what: String,
+    },
+    /// A bad line of a text file (`.sym`, `.info`, `info`).
+    #[error("{}: line {line}: {what}", path.display())]
+    BadLine {
+        path: PathBuf,
+        line: usize,
+        what: String,
+    },
+    /// Anything else about a file or the directory (missing file, not a trace...).
+    #[error("{}: {what}", path.display())]
+    Invalid { path: PathBuf, what: String },
+}
+
+impl TraceError {
+    /// The file (or directory) the problem is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            TraceError::Io { path, .. }
+            | TraceError::Corrupt { path, .. }
+            | TraceError::BadLine { path, .. }
+            | TraceError::Invalid { path, .. } => path,
+        }
+    }
+}
+
+/// The trace-wide `info` file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceInfo {
+    pub version: u32,
+    /// `function_graph` or `function` (empty when `info` is missing).
+    pub tracer: String,
+    pub command: Vec<String>,
+    /// `tsc`, `cntvct` or `monotonic`.
+    pub clock: String,
+    /// Recording options, for display (`key` → value as written).
+    pub options: BTreeMap<String, String>,
+}
+
+impl TraceInfo {
+    /// Whether the tracer records exits (function_graph); `function` records entries only.
+    pub fn has_exits(&self) -> bool {
+        self.tracer != "function"
+    }
+}
+
+/// Ticks → nanoseconds of one process image (from its `.info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Calibration {
+    pub ticks_per_sec: u64,
+    pub base_ticks: u64,
+    pub base_ns: u64,
+}
+
+impl Calibration {
+    /// Ticks are nanoseconds (CLOCK_MONOTONIC).
+    pub const IDENTITY: Calibration = Calibration {
+        ticks_per_sec: 1_000_000_000,
+        base_ticks: 0,
+        base_ns: 0,
+    };
+
+    /// `base_ns + (ticks - base_ticks) * 1e9 / ticks_per_sec`, clamped to `u64`.
+    pub fn to_ns(&self, ticks: u64) -> u64 {
+        let tps = self.ticks_per_sec.max(1) as i128;
+        let d = ticks as i128 - self.base_ticks as i128;
+        let ns = self.base_ns as i128 + d * 1_000_000_000 / tps;
+        ns.clamp(0, u64::MAX as i128) as u64
+    }
+}
+
+impl Default for Calibration {
+    fn default() -> Calibration {
+        Calibration::IDENTITY
+    }
+}
+
+/// One function of a process's `.sym`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Symbol {
+    pub id: u32,
+    pub addr: u64,
+    pub size: u64,
+    /// Raw (mangled) ELF name, `?` when the recorder did not know it.
+    pub name: String,
+    pub module: String,
+}
+
+/// Entry or exit of a function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    Entry,
+    Exit,
+}
+
+/// One function entry or exit on a thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    pub kind: EventKind,
+    /// Function id: index into the process's `.sym`.
+    pub func: u32,
+    /// CLOCK_MONOTONIC nanoseconds.
+    pub ns: u64,
+}
+
+/// What went missing at one point of a thread's event stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// The recorder dropped this many events (its buffers were full).
+    Events(u64),
+    /// This many whole chunks are missing (a gap in the chunks' `seq`).
+    Chunks(u64),
+    /// This many bytes of damaged data were skipped.
+    Damaged(u64),
+}
+
+impl fmt::Display for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = |n: u64| if n == 1 { "" } else { "s" };
+        match *self {
+            Lost::Events(n) => write!(f, "lost {n} event{}", s(n)),
+            Lost::Chunks(n) => write!(f, "lost {n} chunk{}", s(n)),
+            Lost::Damaged(n) => write!(f, "skipped {n} damaged byte{}", s(n)),
+        }
+    }
+}
+
+/// A loss at a point of a thread: before `events[at]` (or at the end when `at == len`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loss {
+    pub at: usize,
+    /// Time of the loss (the chunk's or the previous event's time).
+    pub ns: u64,
+    pub what: Lost,
+}
+
+/// The recorded events of one thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Thread {
+    pub tid: u32,
+    pub events: Vec<Event>,
+    /// Events the recorder counted as lost on this thread.
+    pub lost: u64,
+    /// Chunks missing from the `seq` sequence.
+    pub lost_chunks: u64,
+    /// Where events, chunks or damaged bytes went missing, in event order.
+    pub losses: Vec<Loss>,
+    /// The thread's last chunk (flag LAST) was read: it exited while recorded.
+    pub exited: bool,
+}
+
+/// One process image (`task-<pid>-<n>.*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Process {
+    pub pid: u32,
+    /// 0 for the first image of the pid, +1 after each exec.
+    pub image: u32,
+    pub ppid: u32,
+    pub exe: String,
+    pub args: Vec<String>,
+    /// `(pid, image)` of the parent image for a fork child.
+    pub forked_from: Option<(u32, u32)>,
+    /// How the image ended (`code 0`, `signal 11 (SIGSEGV)`, `exec`...), when known.
+    pub exit: Option<String>,
+    /// Sorted by id; ids are normally dense from 0.
+    pub symbols: Vec<Symbol>,
+    pub threads: Vec<Thread>,
+    /// Events lost (the `.info`'s `lost`, else the sum over threads).
+    pub lost: u64,
+    /// Ticks → ns; [`Calibration::IDENTITY`] when unknown.
+    pub calibration: Calibration,
+}
+
+impl Process {
+    /// The symbol of function `id`, if the `.sym` has it.
+    pub fn symbol(&self, id: u32) -> Option<&Symbol> {
+        match self.symbols.get(id as usize) {
+            Some(s) if s.id == id => Some(s),
+            _ => self
+                .symbols
+                .binary_search_by_key(&id, |s| s.id)
+                .ok()
+                .map(|i| &self.symbols[i]),
+        }
+    }
+
+    /// Display name of function `id`: the symbol, else its address, else `#id`.
+    pub fn func_name(&self, id: u32) -> String {
+        match self.symbol(id) {
+            Some(s) if s.name != "?" && !s.name.is_empty() => s.name.clone(),
+            Some(s) => format!("{:#x}", s.addr),
+            None => format!("#{id}"),
+        }
+    }
+
+    /// A short name for the image: the executable's file name.
+    pub fn short_name(&self) -> &str {
+        let e = self.exe.rsplit('/').next().unwrap_or("");
+        if e.is_empty() {
+            "?"
+        } else {
+            e
+        }
+    }
+}
+
+/// A trace directory read into memory.
+#[derive(Debug)]
+pub struct Trace {
+    pub dir: PathBuf,
+    pub info: TraceInfo,
+    /// Ordered by (pid, image).
+    pub processes: Vec<Process>,
+    /// Everything that was wrong; the rest was read.
+    pub problems: Vec<TraceError>,
+}
+
+impl Trace {
+    /// Reads the trace directory `dir`. Fails only when nothing is readable.
+    pub fn open(dir: &Path) -> Result<Trace, TraceError> {
+        let entries = std::fs::read_dir(dir).map_err(|source| TraceError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let mut problems = Vec::new();
+        // (pid, image) → which of info/sym/dat exist.
+        let mut tasks: BTreeMap<(u32, u32), [bool; 3]> = BTreeMap::new();
+        for e in entries {
+            let e = match e {
+                Ok(e) => e,
+                Err(source) => {
+                    problems.push(TraceError::Io {
+                        path: dir.to_path_buf(),
+                        source,
+                    });
+                    continue;
+                }
+            };
+            let name = e.file_name();
+            let Some((pid, image, ext)) = name.to_str().and_then(format::parse_task_file_name)
+            else {
+                continue;
+            };
+            let slot = match ext {
+                "info" => 0,
+                "sym" => 1,
+                "dat" => 2,
+                _ => continue,
+            };
+            tasks.entry((pid, image)).or_default()[slot] = true;
+        }
+
+        let info_path = dir.join("info");
+        let info = if info_path.exists() || tasks.is_empty() {
+            match std::fs::read_to_string(&info_path) {
+                Ok(text) => parse_trace_info(&info_path, &text, &mut problems),
+                Err(_) if tasks.is_empty() => {
+                    return Err(TraceError::Invalid {
+                        path: dir.to_path_buf(),
+                        what: "not an ftramp trace directory (no `info` and no task-*.dat files)"
+                            .into(),
+                    })
+                }
+                Err(source) => {
+                    problems.push(TraceError::Io {
+                        path: info_path,
+                        source,
+                    });
+                    TraceInfo::default()
+                }
+            }
+        } else {
+            problems.push(TraceError::Invalid {
+                path: info_path,
+                what: "missing; tracer and command unknown (read as function_graph)".into(),
+            });
+            TraceInfo::default()
+        };
+
+        let mut processes = Vec::new();
+        let mut uncalibrated = Vec::new();
+        for (&(pid, image), have) in &tasks {
+            let mut p = Process {
+                pid,
+                image,
+                ..Default::default()
+            };
+            let file = |ext: &str| dir.join(format::task_file_name(pid, image, ext));
+            let info_file = file("info");
+            let calibrated = if have[0] {
+                match std::fs::read_to_string(&info_file) {
+                    Ok(text) => parse_process_info(&info_file, &text, &mut p, &mut problems),
+                    Err(source) => {
+                        problems.push(TraceError::Io {
+                            path: info_file,
+                            source,
+                        });
+                        false
+                    }
+                }
+            } else {
+                problems.push(TraceError::Invalid {
+                    path: info_file,
+                    what: "missing; process details and clock calibration unknown".into(),
+                });
+                false
+            };
+            let sym_file = file("sym");
+            if have[1] {
+                match std::fs::read(&sym_file) {
+                    Ok(bytes) => p.symbols = parse_symbols(&sym_file, &bytes, &mut problems),
+                    Err(source) => problems.push(TraceError::Io {
+                        path: sym_file,
+                        source,
+                    }),
+                }
+            } else {
+                problems.push(TraceError::Invalid {
+                    path: sym_file,
+                    what: "missing; functions are shown by id".into(),
+                });
+            }
+            if !calibrated {
+                uncalibrated.push(processes.len());
+            }
+            processes.push((p, have[2]));
+        }
+
+        // Every process of a trace shares the recorder's calibration (FTRAMP_CLOCK):
+        // borrow one for the images whose .info is missing or bad.
+        let shared = processes
+            .iter()
+            .enumerate()
+            .find(|(i, _)| !uncalibrated.contains(i))
+            .map(|(_, (p, _))| p.calibration);
+        for &i in &uncalibrated {
+            let p = &mut processes[i].0;
+            p.calibration = shared.unwrap_or(Calibration::IDENTITY);
+            let how = if shared.is_some() {
+                "another process's calibration"
+            } else {
+                "raw ticks as nanoseconds"
+            };
+            problems.push(TraceError::Invalid {
+                path: dir.join(format::task_file_name(p.pid, p.image, "info")),
+                what: format!("no clock calibration; timestamps use {how}"),
+            });
+        }
+
+        let mut out = Vec::with_capacity(processes.len());
+        for (mut p, has_dat) in processes {
+            let dat = dir.join(format::task_file_name(p.pid, p.image, "dat"));
+            if has_dat {
+                match std::fs::read(&dat) {
+                    Ok(bytes) => {
+                        p.threads = read_dat(&dat, &bytes, p.pid, &p.calibration, &mut problems)
+                    }
+                    Err(source) => problems.push(TraceError::Io { path: dat, source }),
+                }
+            } else {
+                problems.push(TraceError::Invalid {
+                    path: dat,
+                    what: "missing; no events for this process".into(),
+                });
+            }
+            let thread_lost: u64 = p
+                .threads
+                .iter()
+                .map(|t| t.lost)
+                .fold(0, u64::saturating_add);
+            p.lost = p.lost.max(thread_lost);
+            out.push(p);
+        }
+        Ok(Trace {
+            dir: dir.to_path_buf(),
+            info,
+            processes: out,
+            problems,
+        })
+    }
+
+    /// Earliest event time of the trace (0 when there are no events).
+    pub fn start_ns(&self) -> u64 {
+        self.processes
+            .iter()
+            .flat_map(|p| &p.threads)
+            .filter_map(|t| t.events.first().map(|e| e.ns))
+            .min()
+            .unwrap_or(0)
+    }
+}
+
+// ---- info files ----
+
+/// Parses TOML leniently: the whole text if it parses, else line by line (a crash can
+/// leave a half-written line, and appended keys may repeat; the last one wins).
+fn parse_toml_lenient(path: &Path, text: &str, problems: &mut Vec<TraceError>) -> toml::Table {
+    if let Ok(t) = text.parse::<toml::Table>() {
+        return t;
+    }
+    let mut table = toml::Table::new();
+    let mut section: Option<String> = None;
+    for (i, line) in text.lines().enumerate() {
+        let l = line.trim();
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        if l.starts_with('[') {
+            section = Some(l.trim_matches(['[', ']', ' ']).to_string());
+            continue;
+        }
+        match l.parse::<toml::Table>() {
+            Ok(t) => {
+                let dst = match &section {
+                    None => &mut table,
+                    Some(s) => {
+                        let v = table
+                            .entry(s.clone())
+                            .or_insert_with(|| toml::Value::Table(Default::default()));
+                        match v {
+                            toml::Value::Table(t) => t,
+                            _ => continue,
+                        }
+                    }
+                };
+                dst.extend(t);
+            }
+            Err(e) => problems.push(TraceError::BadLine {
+                path: path.to_path_buf(),
+                line: i + 1,
+                what: format!("not `key = value` TOML ({}): {l:?}", e.message()),
+            }),
+        }
+    }
+    table
+}
+
+fn value_str(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn value_u64(v: &toml::Value) -> Option<u64> {
+    match v {
+        toml::Value::Integer(i) => u64::try_from(*i).ok(),
+        toml::Value::String(s) => s.trim().parse().ok(),
+        toml::Value::Float(f) if *f >= 0.0 && f.fract() == 0.0 && *f < u64::MAX as f64 => {
+            Some(*f as u64)
+        }
+        _ => None,
+    }
+}
+
+fn value_strings(v: &toml::Value) -> Vec<String> {
+    match v {
+        toml::Value::Array(a) => a.iter().map(value_str).collect(),
+        other => vec![value_str(other)],
+    }
+}
+
+fn parse_trace_info(path: &Path, text: &str, problems: &mut Vec<TraceError>) -> TraceInfo {
+    let t = parse_toml_lenient(path, text, problems);
+    let mut info = TraceInfo::default();
+    for (k, v) in &t {
+        match k.as_str() {
+            "version" => match value_u64(v) {
+                Some(1) => info.version = 1,
+                _ => problems.push(TraceError::Invalid {
+                    path: path.to_path_buf(),
+                    what: format!(
+                        "version {} (this reader knows 1); reading it as version 1",
+                        value_str(v)
+                    ),
+                }),
+            },
+            "tracer" => info.tracer = value_str(v),
+            "command" => info.command = value_strings(v),
+            "clock" => info.clock = value_str(v),
+            "options" => {
+                if let toml::Value::Table(o) = v {
+                    info.options
+                        .extend(o.iter().map(|(k, v)| (k.clone(), value_str(v))));
+                } else {
+                    info.options.insert(k.clone(), value_str(v));
+                }
+            }
+            _ => {
+                info.options.insert(k.clone(), value_str(v));
+            }
+        }
+    }
+    if info.tracer.is_empty() {
+        problems.push(TraceError::Invalid {
+            path: path.to_path_buf(),
+            what: "no `tracer`; read as function_graph".into(),
+        });
+    } else if !matches!(info.tracer.as_str(), "function_graph" | "function") {
+        problems.push(TraceError::Invalid {
+            path: path.to_path_buf(),
+            what: format!("unknown tracer {:?}; read as function_graph", info.tracer),
+        });
+    }
+    info
+}
+
+fn parse_pid_image(v: &toml::Value) -> Option<(u32, u32)> {
+    match v {
+        toml::Value::String(s) => {
+            let (a, b) = s.trim().split_once('-')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        }
+        toml::Value::Array(a) if a.len() == 2 => Some((
+            u32::try_from(value_u64(&a[0])?).ok()?,
+            u32::try_from(value_u64(&a[1])?).ok()?,
+        )),
+        toml::Value::Integer(pid) => Some((u32::try_from(*pid).ok()?, 0)),
+        _ => None,
+    }
+}
+
+/// Fills `p` from a `task-*.info`; returns whether the clock calibration was complete.
+fn parse_process_info(
+    path: &Path,
+    text: &str,
+    p: &mut Process,
+    problems: &mut Vec<TraceError>,
+) -> bool {
+    let t = parse_toml_lenient(path, text, problems);
+    let bad = |problems: &mut Vec<TraceError>, k: &str, v: &toml::Value| {
+        problems.push(TraceError::Invalid {
+            path: path.to_path_buf(),
+            what: format!("bad `{k}` value {v}"),
+        })
+    };
+    let (mut tps, mut bt, mut bn) = (None, None, None);
+    for (k, v) in &t {
+        let num = value_u64(v);
+        match k.as_str() {
+            "pid" => match num.and_then(|n| u32::try_from(n).ok()) {
+                Some(pid) if pid == p.pid => {}
+                _ => problems.push(TraceError::Invalid {
+                    path: path.to_path_buf(),
+                    what: format!("`pid = {v}` does not match the file name (pid {})", p.pid),
+                }),
+            },
+            "n" | "image" => {}
+            "ppid" => match num.and_then(|n| u32::try_from(n).ok()) {
+                Some(n) => p.ppid = n,
+                None => bad(problems, k, v),
+            },
+            "exe" => p.exe = value_str(v),
+            "args" => p.args = value_strings(v),
+            "forked_from" => match parse_pid_image(v) {
+                Some(f) => p.forked_from = Some(f),
+                None if value_str(v).is_empty() => {}
+                None => bad(problems, k, v),
+            },
+            "ticks_per_sec" => match num.filter(|&n| n > 0) {
+                Some(n) => tps = Some(n),
+                None => bad(problems, k, v),
+            },
+            "base_ticks" => match num {
+                Some(n) => bt = Some(n),
+                None => bad(problems, k, v),
+            },
+            "base_ns" => match num {
+                Some(n) => bn = Some(n),
+                None => bad(problems, k, v),
+            },
+            "lost" => match num {
+                Some(n) => p.lost = n,
+                None => bad(problems, k, v),
+            },
+            "exit" => p.exit = Some(value_str(v)),
+            _ => {}
+        }
+    }
+    match (tps, bt, bn) {
+        (Some(ticks_per_sec), Some(base_ticks), Some(base_ns)) => {
+            p.calibration = Calibration {
+                ticks_per_sec,
+                base_ticks,
+                base_ns,
+            };
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Parses a `.sym` file: bad lines are reported and skipped.
+fn parse_symbols(path: &Path, bytes: &[u8], problems: &mut Vec<TraceError>) -> Vec<Symbol> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut syms: Vec<Symbol> = Vec::new();
+    let mut lines = text.split('\n').enumerate().peekable();
+    while let Some((i, line)) = lines.next() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        // The last line may be cut short by a crash: a missing newline is reported too.
+        let last_unterminated = lines.peek().is_none();
+        match format::SymLine::parse(line) {
+            Ok(l) if last_unterminated => problems.push(TraceError::BadLine {
+                path: path.to_path_buf(),
+                line: i + 1,
+                what: format!(
+                    "last line has no newline (cut short?); kept as {:?}",
+                    l.symbol
+                ),
+            }),
+            Ok(_) => {}
+            Err(e) => {
+                problems.push(TraceError::BadLine {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    what: format!("{e}: {line:?}"),
+                });
+                continue;
+            }
+        }
+        if let Ok(l) = format::SymLine::parse(line) {
+            syms.push(Symbol {
+                id: l.id,
+                addr: l.addr,
+                size: l.size,
+                name: l.symbol,
+                module: l.module,
+            });
+        }
+    }
+    syms.sort_by_key(|s| s.id);
+    let before = syms.len();
+    syms.dedup_by_key(|s| s.id);
+    if syms.len() != before {
+        problems.push(TraceError::Invalid {
+            path: path.to_path_buf(),
+            what: format!(
+                "{} duplicate function ids; the first line of each kept",
+                before - syms.len()
+            ),
+        });
+    }
+    syms
+}
+
+// ---- .dat files ----
+
+/// One chunk decoded: its header and its events (losses indexed into `events`).
+struct Chunk {
+    offset: usize,
+    header: ChunkHeader,
+    events: Vec<Event>,
+    losses: Vec<Loss>,
+    lost: u64,
+}
+
+fn header_at(bytes: &[u8], pos: usize) -> Option<Result<ChunkHeader, format::FormatError>> {
+    let b: &[u8; CHUNK_HEADER_SIZE] = bytes
+        .get(pos..pos.checked_add(CHUNK_HEADER_SIZE)?)?
+        .try_into()
+        .ok()?;
+    Some(ChunkHeader::decode(b))
+}
+
+/// The next offset after `from` where a valid chunk header starts.
+fn resync(bytes: &[u8], from: usize) -> Option<usize> {
+    let mut pos = from;
+    while pos < bytes.len() {
+        let rel = bytes[pos..]
+            .windows(CHUNK_MAGIC.len())
+            .position(|w| w == CHUNK_MAGIC)?;
+        let at = pos + rel;
+        if let Some(Ok(_)) = header_at(bytes, at) {
+            return Some(at);
+        }
+        pos = at + 1;
+    }
+    None
+}
+
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+/// Decodes a `.dat` file into threads; damage is reported in `problems`.
+fn read_dat(
+    path: &Path,
+    bytes: &[u8],
+    pid: u32,
+    cal: &Calibration,
+    problems: &mut Vec<TraceError>,
+) -> Vec<Thread> {
+    let corrupt = |offset: usize, what: String| TraceError::Corrupt {
+        path: path.to_path_buf(),
+        offset: offset as u64,
+        what,
+    };
+    let mut chunks: Vec<Chunk> = Vec::new();
+    let mut pos = 0usize;
+    while pos < bytes.len() {
+        let intact = plural(chunks.len(), "chunk");
+        let header = match header_at(bytes, pos) {
+            None => {
+                problems.push(corrupt(
+                    pos,
+                    format!(
+                        "truncated chunk header: {} of {CHUNK_HEADER_SIZE} bytes before the end of the file; {intact} before it intact",
+                        bytes.len() - pos
+                    ),
+                ));
+                break;
+            }
+            Some(Err(e)) => {
+                let at = pos;
+                let what = match resync(bytes, pos + 1) {
+                    Some(next) => {
+                        pos = next;
+                        format!("{e}; skipped {} bytes to the next chunk at offset {next} ({intact} before it intact)", next - at)
+                    }
+                    None => {
+                        pos = bytes.len();
+                        format!(
+                            "{e}; the remaining {} bytes have no valid chunk ({intact} before it intact)",
+                            bytes.len() - at
+                        )
+                    }
+                };
+                problems.push(corrupt(at, what));
+                continue;
+            }
+            Some(Ok(h)) => h,
+        };
+        let start = pos + CHUNK_HEADER_SIZE;
+        let mut end = start + header.len as usize;
+        // Where reading goes on after this chunk.
+        let mut next = end;
+        if end > bytes.len() {
+            // Cut short, or the length is wrong: prefer a valid header inside the claimed payload.
+            match resync(bytes, start) {
+                Some(at) => {
+                    problems.push(corrupt(
+                        pos,
+                        format!(
+                            "chunk of tid {} seq {} claims {} payload bytes but the file ends after {}; a chunk header follows at offset {at}: events up to it kept, reading goes on there",
+                            header.tid,
+                            header.seq,
+                            header.len,
+                            bytes.len() - start
+                        ),
+                    ));
+                    end = at;
+                    next = at;
+                }
+                None => {
+                    next = bytes.len();
+                    let have = (bytes.len() - start) / EVENT_SIZE * EVENT_SIZE;
+                    problems.push(corrupt(
+                        pos,
+                        format!(
+                            "chunk of tid {} seq {} truncated: {} of {} payload bytes present; its {} complete event words kept ({intact} before it intact)",
+                            header.tid,
+                            header.seq,
+                            bytes.len() - start,
+                            header.len,
+                            have / EVENT_SIZE
+                        ),
+                    ));
+                    end = start + have;
+                }
+            }
+        }
+        let payload = &bytes[start..end];
+        chunks.push(decode_chunk(path, pos, header, payload, cal, problems));
+        pos = next.max(pos + 1);
+    }
+    group_threads(path, pid, chunks, problems)
+}
+
+fn decode_chunk(
+    path: &Path,
+    offset: usize,
+    header: ChunkHeader,
+    payload: &[u8],
+    cal: &Calibration,
+    problems: &mut Vec<TraceError>,
+) -> Chunk {
+    let mut c = Chunk {
+        offset,
+        header,
+        events: Vec::with_capacity(payload.len() / EVENT_SIZE),
+        losses: Vec::new(),
+        lost: 0,
+    };
+    let mut ticks = header.time;
+    if header.lost > 0 {
+        c.lost += header.lost as u64;
+        c.losses.push(Loss {
+            at: 0,
+            ns: cal.to_ns(ticks),
+            what: Lost::Events(header.lost as u64),
+        });
+    }
+    for (at, ev) in format::events(payload) {
+        match ev {
+            Ok(format::Event::Entry { func, delta }) | Ok(format::Event::Exit { func, delta }) => {
+                ticks = ticks.wrapping_add(delta as u64);
+                let kind = if matches!(ev, Ok(format::Event::Entry { .. })) {
+                    EventKind::Entry
+                } else {
+                    EventKind::Exit
+                };
+                c.events.push(Event {
+                    kind,
+                    func,
+                    ns: cal.to_ns(ticks),
+                });
+            }
+            Ok(format::Event::Time { ticks: t }) => ticks = t,
+            Ok(format::Event::Lost { count }) => {
+                c.lost = c.lost.saturating_add(count);
+                c.losses.push(Loss {
+                    at: c.events.len(),
+                    ns: cal.to_ns(ticks),
+                    what: Lost::Events(count),
+                });
+            }
+            Err(e) => {
+                let skipped = (payload.len() - at) as u64;
+                problems.push(TraceError::Corrupt {
+                    path: path.to_path_buf(),
+                    offset: (offset + CHUNK_HEADER_SIZE + at) as u64,
+                    what: format!(
+                        "{e} in the chunk of tid {} seq {} at offset {offset}; its {} events before it kept, the remaining {skipped} bytes of the chunk skipped",
+                        header.tid,
+                        header.seq,
+                        c.events.len()
+                    ),
+                });
+                c.losses.push(Loss {
+                    at: c.events.len(),
+                    ns: cal.to_ns(ticks),
+                    what: Lost::Damaged(skipped),
+                });
+                break;
+            }
+        }
+    }
+    c
+}
+
+/// Orders each thread's chunks by seq and joins their events. A tid seen again with
+/// seq 0 after a complete run (tid reuse) starts a new thread.
+fn group_threads(
+    path: &Path,
+    pid: u32,
+    chunks: Vec<Chunk>,
+    problems: &mut Vec<TraceError>,
+) -> Vec<Thread> {
+    // tid → runs of chunks (one run per incarnation of the tid).
+    let mut by_tid: BTreeMap<u32, Vec<Vec<Chunk>>> = BTreeMap::new();
+    for c in chunks {
+        let runs = by_tid.entry(c.header.tid).or_default();
+        let new_run = match runs.last() {
+            None => true,
+            Some(run) => {
+                c.header.seq == 0 && run.iter().any(|o| o.header.seq == 0 || o.header.is_last())
+            }
+        };
+        if new_run {
+            runs.push(Vec::new());
+        }
+        if let Some(run) = runs.last_mut() {
+            run.push(c);
+        }
+    }
+    let mut threads = Vec::new();
+    for (tid, runs) in by_tid {
+        for mut run in runs {
+            run.sort_by_key(|c| c.header.seq);
+            let mut t = Thread {
+                tid,
+                ..Default::default()
+            };
+            let mut next_seq: u64 = 0;
+            for c in run {
+                let seq = c.header.seq as u64;
+                if seq < next_seq {
+                    problems.push(TraceError::Corrupt {
+                        path: path.to_path_buf(),
+                        offset: c.offset as u64,
+                        what: format!("chunk of tid {tid} repeats seq {seq}; its events are appended after the first"),
+                    });
+                } else if seq > next_seq {
+                    let n = seq - next_seq;
+                    t.lost_chunks += n;
+                    let ns = t
+                        .events
+                        .last()
+                        .map(|e| e.ns)
+                        .unwrap_or_else(|| c.events.first().map(|e| e.ns).unwrap_or(0));
+                    t.losses.push(Loss {
+                        at: t.events.len(),
+                        ns,
+                        what: Lost::Chunks(n),
+                    });
+                }
+                next_seq = next_seq.max(seq + 1);
+                let base = t.events.len();
+                t.losses.extend(c.losses.iter().map(|l| Loss {
+                    at: base + l.at,
+                    ..*l
+                }));
+                t.lost = t.lost.saturating_add(c.lost);
+                t.exited |= c.header.is_last();
+                t.events.extend(c.events);
+            }
+            threads.push(t);
+        }
+    }
+    // The main thread first, then by first event time.
+    threads.sort_by_key(|t| {
+        (
+            t.tid != pid,
+            t.events.first().map(|e| e.ns).unwrap_or(u64::MAX),
+            t.tid,
+        )
+    });
+    threads
+}

@@ -1,0 +1,446 @@
+//! `ftramp replay`: the call graph of a trace in the style of ftrace's `function_graph`
+//! output (and uftrace's replay):
+//!
+//! ```text
+//! # DURATION     TID     FUNCTION
+//!             [  4242] | main() {
+//!    0.120 us [  4242] |   leaf();
+//!             [  4242] |   parent() {
+//!    1.250 us [  4242] |     child();
+//!    2.003 us [  4242] |   } /* parent */
+//!    3.500 us [  4242] | } /* main */
+//! ```
+//!
+//! One section per process image and, inside it, per thread. Returns and leaf calls
+//! carry their duration; calls without an EXIT at the end of the data are marked
+//! `unfinished`, calls left by an outer return (longjmp, exceptions) `unwound`, and lost
+//! events are shown where they happened. `function` tracer traces (entries only) print one
+//! line per entry with its time since the start of the trace.
+
+use crate::calls::{CallTree, End, Node};
+use crate::read::{Process, Thread, Trace};
+use globset::{GlobSet, GlobSetBuilder};
+use std::io::{self, Write};
+
+/// Which processes and threads to show.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Select {
+    pub pid: Option<u32>,
+    pub tid: Option<u32>,
+}
+
+impl Select {
+    pub fn process(&self, p: &Process) -> bool {
+        (self.pid.is_none() || self.pid == Some(p.pid))
+            && (self.tid.is_none() || p.threads.iter().any(|t| Some(t.tid) == self.tid))
+    }
+
+    pub fn thread(&self, t: &Thread) -> bool {
+        self.tid.is_none() || self.tid == Some(t.tid)
+    }
+
+    /// The selected threads of the trace with their process.
+    pub fn threads<'a>(
+        &'a self,
+        trace: &'a Trace,
+    ) -> impl Iterator<Item = (&'a Process, &'a Thread)> + 'a {
+        trace
+            .processes
+            .iter()
+            .filter(|p| self.process(p))
+            .flat_map(move |p| {
+                p.threads
+                    .iter()
+                    .filter(|t| self.thread(t))
+                    .map(move |t| (p, t))
+            })
+    }
+}
+
+/// Function-name globs (`*`, `?`, `[...]`), e.g. `-F 'foo*'`.
+#[derive(Debug, Clone)]
+pub struct Globs {
+    set: GlobSet,
+    empty: bool,
+}
+
+impl Globs {
+    /// Compiles `patterns`; the error names the bad pattern.
+    pub fn new(patterns: &[String]) -> Result<Globs, String> {
+        let mut b = GlobSetBuilder::new();
+        for p in patterns {
+            let g = globset::GlobBuilder::new(p)
+                .literal_separator(false)
+                .build()
+                .map_err(|e| format!("bad function glob {p:?}: {}", e.kind()))?;
+            b.add(g);
+        }
+        let set = b.build().map_err(|e| format!("bad function globs: {e}"))?;
+        Ok(Globs {
+            set,
+            empty: patterns.is_empty(),
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.empty
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        !self.empty && self.set.is_match(name)
+    }
+}
+
+impl Default for Globs {
+    fn default() -> Globs {
+        Globs {
+            set: GlobSet::empty(),
+            empty: true,
+        }
+    }
+}
+
+/// What `replay` shows.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    pub select: Select,
+    /// Show only the subtrees of matching functions (`-F`).
+    pub filter: Globs,
+    /// Hide the subtrees of matching functions (`-N`).
+    pub notrace: Globs,
+    /// Show calls nested at most this deep (1 = only the outermost shown calls).
+    pub depth: Option<u32>,
+    /// Hide calls (and their subtrees) shorter than this.
+    pub min_ns: Option<u64>,
+}
+
+/// A duration in uftrace's style, 10 characters: `  1.088 us`, ` 12.345 ms`, `  2.000  s`.
+pub fn fmt_duration(ns: u64) -> String {
+    let (unit, div) = if ns < 1_000_000 {
+        ("us", 1_000)
+    } else if ns < 1_000_000_000 {
+        ("ms", 1_000_000)
+    } else {
+        (" s", 1_000_000_000)
+    };
+    let whole = ns / div;
+    let frac = ns % div * 1000 / div;
+    format!("{:>7} {unit}", format!("{whole}.{frac:03}"))
+}
+
+/// Parses a time such as `500ns`, `10us`, `1.5ms`, `2s` or a plain number of nanoseconds.
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: f64 = match unit.trim() {
+        "" | "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        u => {
+            return Err(format!(
+                "bad time {s:?}: unknown unit {u:?} (use ns, us, ms or s)"
+            ))
+        }
+    };
+    let n: f64 = num.parse().map_err(|_| {
+        format!("bad time {s:?}: expected a number with an optional unit, e.g. 10us")
+    })?;
+    let ns = n * mult;
+    if !ns.is_finite() || ns < 0.0 || ns > u64::MAX as f64 {
+        return Err(format!("bad time {s:?}: out of range"));
+    }
+    Ok(ns.round() as u64)
+}
+
+const BLANK: &str = "          ";
+
+/// Column header of function_graph sections.
+pub const GRAPH_HEADER: &str = "# DURATION     TID     FUNCTION";
+/// Column header of `function` tracer sections.
+pub const FLAT_HEADER: &str = "#      TIMESTAMP      TID     FUNCTION";
+
+/// Writes the replay of `trace` to `out`.
+pub fn replay(trace: &Trace, opts: &ReplayOptions, out: &mut dyn Write) -> io::Result<()> {
+    let has_exits = trace.info.has_exits();
+    let tracer = if trace.info.tracer.is_empty() {
+        "function_graph?"
+    } else {
+        trace.info.tracer.as_str()
+    };
+    writeln!(
+        out,
+        "# ftramp replay: {} ({tracer}): {}",
+        trace.dir.display(),
+        trace.info.command.join(" ")
+    )?;
+    let start = trace.start_ns();
+    for p in trace.processes.iter().filter(|p| opts.select.process(p)) {
+        writeln!(out, "#")?;
+        writeln!(out, "{}", process_line(p))?;
+        let names: Vec<String> = names_of(p);
+        for t in p.threads.iter().filter(|t| opts.select.thread(t)) {
+            writeln!(out)?;
+            if let Some(note) = thread_note(t) {
+                writeln!(out, "# thread {}: {note}", t.tid)?;
+            }
+            let tree = CallTree::build(t, has_exits);
+            if has_exits {
+                writeln!(out, "{GRAPH_HEADER}")?;
+                graph(&tree, t.tid, &names, opts, out)?;
+                if tree.unmatched_exits > 0 {
+                    writeln!(
+                        out,
+                        "# thread {}: {} returns without a recorded entry ignored",
+                        t.tid, tree.unmatched_exits
+                    )?;
+                }
+            } else {
+                writeln!(out, "{FLAT_HEADER}")?;
+                flat(&tree, t.tid, &names, opts, start, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Display names of a process's function ids (dense), for quick lookup.
+pub(crate) fn names_of(p: &Process) -> Vec<String> {
+    let max = p
+        .symbols
+        .last()
+        .map(|s| s.id as usize + 1)
+        .unwrap_or(0)
+        .min(1 << 24);
+    (0..max as u32).map(|id| p.func_name(id)).collect()
+}
+
+pub(crate) fn name(names: &[String], p_func: u32) -> std::borrow::Cow<'_, str> {
+    match names.get(p_func as usize) {
+        Some(n) => std::borrow::Cow::Borrowed(n.as_str()),
+        None => std::borrow::Cow::Owned(format!("#{p_func}")),
+    }
+}
+
+/// `# process 12 image 0: /bin/demo arg (forked from 11-0; exit: code 0; lost 3 events)`.
+pub fn process_line(p: &Process) -> String {
+    let mut s = format!(
+        "# process {} image {}: {}",
+        p.pid,
+        p.image,
+        if p.exe.is_empty() { "?" } else { &p.exe }
+    );
+    let args: Vec<&String> = p.args.iter().skip(1).collect();
+    if !args.is_empty() {
+        s.push_str(&format!(
+            " {}",
+            args.iter()
+                .map(|a| a.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    let mut notes = Vec::new();
+    if let Some((pid, n)) = p.forked_from {
+        notes.push(format!("forked from {pid}-{n}"));
+    }
+    if let Some(e) = &p.exit {
+        notes.push(format!("exit: {e}"));
+    }
+    if p.lost > 0 {
+        notes.push(format!("lost {} events", p.lost));
+    }
+    if !notes.is_empty() {
+        s.push_str(&format!(" ({})", notes.join("; ")));
+    }
+    s
+}
+
+fn thread_note(t: &Thread) -> Option<String> {
+    let mut notes = Vec::new();
+    if t.lost > 0 {
+        notes.push(crate::read::Lost::Events(t.lost).to_string());
+    }
+    if t.lost_chunks > 0 {
+        let s = if t.lost_chunks == 1 { "" } else { "s" };
+        notes.push(format!("{} chunk{s} missing", t.lost_chunks));
+    }
+    (!notes.is_empty()).then(|| notes.join(", "))
+}
+
+fn line(out: &mut dyn Write, dur: Option<u64>, tid: u32, depth: u32, text: &str) -> io::Result<()> {
+    let d = dur.map(fmt_duration);
+    let d = d.as_deref().unwrap_or(BLANK);
+    writeln!(
+        out,
+        " {d} [{tid:>6}] | {:w$}{text}",
+        "",
+        w = 2 * depth as usize
+    )
+}
+
+enum Work {
+    /// A node; `Some(depth)` when its parent is shown (or it is a root without -F).
+    Visit(Node, Option<u32>),
+    /// Print the closing line of call `c` at `depth`.
+    Close(usize, u32),
+}
+
+fn graph(
+    tree: &CallTree,
+    tid: u32,
+    names: &[String],
+    o: &ReplayOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let max_depth = o.depth.unwrap_or(u32::MAX);
+    let hidden = |c: usize, depth: u32| -> bool {
+        let call = &tree.calls[c];
+        depth >= max_depth
+            || o.notrace.matches(&name(names, call.func))
+            || matches!((o.min_ns, call.duration()), (Some(min), Some(d)) if d < min)
+    };
+    let root_ctx = if o.filter.is_empty() { Some(0) } else { None };
+    let mut work: Vec<Work> = tree
+        .roots
+        .iter()
+        .rev()
+        .map(|&n| Work::Visit(n, root_ctx))
+        .collect();
+    while let Some(w) = work.pop() {
+        match w {
+            Work::Close(c, depth) => {
+                let call = &tree.calls[c];
+                let n = name(names, call.func);
+                let text = match call.end {
+                    End::Returned(_) => format!("}} /* {n} */"),
+                    End::Unwound(_) => format!("}} /* {n}: unwound */"),
+                    End::Unfinished | End::NoExit => format!("}} /* {n}: unfinished */"),
+                };
+                line(out, call.duration(), tid, depth, &text)?;
+            }
+            Work::Visit(Node::Lost { what, .. }, ctx) => {
+                if let Some(depth) = ctx.filter(|&d| d < max_depth) {
+                    line(out, None, tid, depth, &format!("/* {what} */"))?;
+                }
+            }
+            Work::Visit(Node::Call(c), ctx) => {
+                let call = &tree.calls[c];
+                let n = name(names, call.func);
+                if o.notrace.matches(&n) {
+                    continue;
+                }
+                let depth = match ctx {
+                    Some(d) => d,
+                    None if o.filter.matches(&n) => 0,
+                    None => {
+                        work.extend(call.children.iter().rev().map(|&k| Work::Visit(k, None)));
+                        continue;
+                    }
+                };
+                if hidden(c, depth) {
+                    continue;
+                }
+                let shown_child = call.children.iter().any(|k| match *k {
+                    Node::Lost { .. } => depth + 1 < max_depth,
+                    Node::Call(k) => !hidden(k, depth + 1),
+                });
+                if shown_child {
+                    line(out, None, tid, depth, &format!("{n}() {{"))?;
+                    work.push(Work::Close(c, depth));
+                    work.extend(
+                        call.children
+                            .iter()
+                            .rev()
+                            .map(|&k| Work::Visit(k, Some(depth + 1))),
+                    );
+                } else {
+                    let text = match call.end {
+                        End::Returned(_) => format!("{n}();"),
+                        End::Unwound(_) => format!("{n}(); /* unwound */"),
+                        End::Unfinished | End::NoExit => format!("{n}(); /* unfinished */"),
+                    };
+                    line(out, call.duration(), tid, depth, &text)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Seconds since the start of the trace, 15 characters: `    1.000123456`.
+pub fn fmt_timestamp(ns_since_start: u64) -> String {
+    format!(
+        "{:>5}.{:09}",
+        ns_since_start / 1_000_000_000,
+        ns_since_start % 1_000_000_000
+    )
+}
+
+fn flat(
+    tree: &CallTree,
+    tid: u32,
+    names: &[String],
+    o: &ReplayOptions,
+    start: u64,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    for node in &tree.roots {
+        match *node {
+            Node::Lost { ns, what } => {
+                writeln!(
+                    out,
+                    " {} [{tid:>6}] | /* {what} */",
+                    fmt_timestamp(ns.saturating_sub(start))
+                )?;
+            }
+            Node::Call(c) => {
+                let call = &tree.calls[c];
+                let n = name(names, call.func);
+                if o.notrace.matches(&n) || (!o.filter.is_empty() && !o.filter.matches(&n)) {
+                    continue;
+                }
+                writeln!(
+                    out,
+                    " {} [{tid:>6}] | {n}",
+                    fmt_timestamp(call.entry_ns.saturating_sub(start))
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(fmt_duration(0), "  0.000 us");
+        assert_eq!(fmt_duration(1_088), "  1.088 us");
+        assert_eq!(fmt_duration(999_999), "999.999 us");
+        assert_eq!(fmt_duration(1_000_000), "  1.000 ms");
+        assert_eq!(fmt_duration(12_345_678), " 12.345 ms");
+        assert_eq!(fmt_duration(2_000_000_000), "  2.000  s");
+        assert_eq!(fmt_duration(u64::MAX), "18446744073.709  s");
+        assert_eq!(parse_duration("10us"), Ok(10_000));
+        assert_eq!(parse_duration("1.5ms"), Ok(1_500_000));
+        assert_eq!(parse_duration("2 s"), Ok(2_000_000_000));
+        assert_eq!(parse_duration("300"), Ok(300));
+        assert!(parse_duration("10 parsecs").unwrap_err().contains("unit"));
+        assert!(parse_duration("us").unwrap_err().contains("number"));
+        assert!(parse_duration("1e400").is_err());
+    }
+
+    #[test]
+    fn globs() {
+        let g = Globs::new(&["foo*".into(), "b?r".into()]).unwrap();
+        assert!(g.matches("foobar") && g.matches("bar") && !g.matches("baar"));
+        assert!(!Globs::default().matches("x"));
+        assert!(Globs::new(&["[".into()]).unwrap_err().contains("\"[\""));
+    }
+}

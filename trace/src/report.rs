@@ -1,0 +1,206 @@
+//! `ftramp report`: a per-function table of a trace.
+//!
+//! For each function (by name, over the selected threads and processes):
+//! - **calls**: entries recorded (unfinished calls included);
+//! - **total**: time inside the function; a recursive call nested in another call of the
+//!   same function is not added again, so total never exceeds the wall time spent;
+//! - **self**: total minus the time of direct children (summed over all calls);
+//! - **average** and **maximum**: of each call's own duration (entry to exit).
+//!
+//! Times count the calls that ended (returned or unwound); `function` tracer traces have
+//! calls only.
+
+use crate::calls::CallTree;
+use crate::read::Trace;
+use crate::replay::{fmt_duration, name, names_of, Select};
+use std::collections::HashMap;
+use std::io::{self, Write};
+
+/// Per-function figures.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FuncStats {
+    pub name: String,
+    pub calls: u64,
+    /// Calls that ended (have a duration).
+    pub ended: u64,
+    pub total_ns: u64,
+    pub self_ns: u64,
+    /// Sum of each ended call's duration (recursion counted at every level).
+    pub sum_ns: u64,
+    pub max_ns: u64,
+}
+
+impl FuncStats {
+    pub fn avg_ns(&self) -> Option<u64> {
+        (self.ended > 0).then(|| self.sum_ns / self.ended)
+    }
+}
+
+/// Column to sort by (descending; `Name` ascending).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SortKey {
+    #[default]
+    Total,
+    SelfTime,
+    Calls,
+    Avg,
+    Max,
+    Name,
+}
+
+impl SortKey {
+    pub const NAMES: [&'static str; 6] = ["total", "self", "calls", "avg", "max", "name"];
+
+    pub fn parse(s: &str) -> Result<SortKey, String> {
+        Ok(match s {
+            "total" => SortKey::Total,
+            "self" => SortKey::SelfTime,
+            "calls" => SortKey::Calls,
+            "avg" | "average" => SortKey::Avg,
+            "max" | "maximum" => SortKey::Max,
+            "name" | "func" | "function" => SortKey::Name,
+            _ => {
+                return Err(format!(
+                    "unknown sort key {s:?} (known: {})",
+                    SortKey::NAMES.join(", ")
+                ))
+            }
+        })
+    }
+}
+
+/// Figures of every function called in the selected threads, unsorted.
+pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
+    let has_exits = trace.info.has_exits();
+    let mut by_name: HashMap<String, FuncStats> = HashMap::new();
+    for p in trace.processes.iter().filter(|p| select.process(p)) {
+        let names = names_of(p);
+        for t in p.threads.iter().filter(|t| select.thread(t)) {
+            let tree = CallTree::build(t, has_exits);
+            // The chain of calls from the root to the current one, and how many times each
+            // function is on it (recursion).
+            let mut chain: Vec<usize> = Vec::new();
+            let mut active: HashMap<u32, u32> = HashMap::new();
+            for (c, parent) in tree.preorder() {
+                while chain.last().is_some_and(|&top| Some(top) != parent) {
+                    if let Some(top) = chain.pop() {
+                        if let Some(n) = active.get_mut(&tree.calls[top].func) {
+                            *n -= 1;
+                        }
+                    }
+                }
+                let call = &tree.calls[c];
+                let nested = active.get(&call.func).copied().unwrap_or(0) > 0;
+                let s = by_name
+                    .entry(name(&names, call.func).into_owned())
+                    .or_default();
+                s.calls += 1;
+                if let Some(d) = call.duration() {
+                    s.ended += 1;
+                    s.sum_ns = s.sum_ns.saturating_add(d);
+                    s.max_ns = s.max_ns.max(d);
+                    if !nested {
+                        s.total_ns = s.total_ns.saturating_add(d);
+                    }
+                    s.self_ns = s.self_ns.saturating_add(tree.self_ns(c).unwrap_or(0));
+                }
+                chain.push(c);
+                *active.entry(call.func).or_default() += 1;
+            }
+        }
+    }
+    by_name
+        .into_iter()
+        .map(|(n, mut s)| {
+            s.name = n;
+            s
+        })
+        .collect()
+}
+
+/// Sorts `rows` by `key` (ties by name).
+pub fn sort(rows: &mut [FuncStats], key: SortKey) {
+    rows.sort_by(|a, b| {
+        let k = |s: &FuncStats| match key {
+            SortKey::Total => s.total_ns,
+            SortKey::SelfTime => s.self_ns,
+            SortKey::Calls => s.calls,
+            SortKey::Avg => s.avg_ns().unwrap_or(0),
+            SortKey::Max => s.max_ns,
+            SortKey::Name => 0,
+        };
+        k(b).cmp(&k(a)).then_with(|| a.name.cmp(&b.name))
+    });
+}
+
+/// What `report` shows.
+#[derive(Debug, Clone, Default)]
+pub struct ReportOptions {
+    pub select: Select,
+    pub sort: SortKey,
+    /// Only the first N rows.
+    pub limit: Option<usize>,
+}
+
+/// Writes the table.
+pub fn report(trace: &Trace, opts: &ReportOptions, out: &mut dyn Write) -> io::Result<()> {
+    let mut rows = stats(trace, &opts.select);
+    sort(&mut rows, opts.sort);
+    let threads = opts.select.threads(trace).count();
+    let processes = trace
+        .processes
+        .iter()
+        .filter(|p| opts.select.process(p))
+        .count();
+    let key = SortKey::NAMES[opts.sort as usize];
+    let tracer = if trace.info.tracer.is_empty() {
+        "function_graph?"
+    } else {
+        trace.info.tracer.as_str()
+    };
+    writeln!(
+        out,
+        "# ftramp report: {} ({tracer}): {processes} process images, {threads} threads, {} functions; sorted by {key}",
+        trace.dir.display(),
+        rows.len()
+    )?;
+    writeln!(out, "#")?;
+    writeln!(
+        out,
+        "  Total time   Self time       Calls     Average     Maximum  Function"
+    )?;
+    writeln!(
+        out,
+        "  ==========  ==========  ==========  ==========  ==========  ===================="
+    )?;
+    let t = |ended: u64, ns: Option<u64>| match ns {
+        Some(ns) if ended > 0 => fmt_duration(ns),
+        _ => format!("{:>10}", "-"),
+    };
+    for s in rows.iter().take(opts.limit.unwrap_or(usize::MAX)) {
+        writeln!(
+            out,
+            "  {}  {}  {:>10}  {}  {}  {}",
+            t(s.ended, Some(s.total_ns)),
+            t(s.ended, Some(s.self_ns)),
+            s.calls,
+            t(s.ended, s.avg_ns()),
+            t(s.ended, Some(s.max_ns)),
+            s.name
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sort_keys() {
+        for (i, n) in SortKey::NAMES.iter().enumerate() {
+            assert_eq!(SortKey::parse(n).map(|k| k as usize), Ok(i));
+        }
+        assert!(SortKey::parse("speed").unwrap_err().contains("total, self"));
+    }
+}

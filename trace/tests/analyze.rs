@@ -1,0 +1,506 @@
+//! replay, report and dump on synthetic traces with hand-computed expectations.
+
+mod common;
+
+use common::*;
+use ftramp_trace::dump::{self, FoldOptions};
+use ftramp_trace::replay::{self, Globs, ReplayOptions, Select};
+use ftramp_trace::report::{self, ReportOptions, SortKey};
+use ftramp_trace::{EventKind, Trace};
+use std::collections::HashMap;
+
+fn replay_text(t: &Trace, o: &ReplayOptions) -> String {
+    let mut out = Vec::new();
+    replay::replay(t, o, &mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// The replay without its first line (which names the temp dir).
+fn body(text: &str) -> &str {
+    text.split_once('\n').unwrap().1
+}
+
+fn globs(p: &[&str]) -> Globs {
+    Globs::new(&p.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+}
+
+#[test]
+fn demo_trace_reads() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let t = Trace::open(dir.path()).unwrap();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(t.info.tracer, "function_graph");
+    assert_eq!(t.info.command, ["demo", "x"]);
+    assert_eq!(t.info.options.get("depth").map(String::as_str), Some("0"));
+    assert_eq!(t.processes.len(), 2);
+    let p = &t.processes[0];
+    assert_eq!(
+        (p.pid, p.image, p.ppid, p.exe.as_str()),
+        (100, 0, 1, "/bin/demo")
+    );
+    assert_eq!(p.exit.as_deref(), Some("code 0"));
+    assert_eq!(p.lost, 3);
+    assert_eq!(p.symbols.len(), 5);
+    assert_eq!(p.func_name(WORKER), "worker");
+    assert_eq!(p.func_name(77), "#77");
+    assert_eq!(t.processes[1].forked_from, Some((100, 0)));
+    let th: Vec<u32> = p.threads.iter().map(|t| t.tid).collect();
+    assert_eq!(th, [100, 101]);
+    let main = &p.threads[0];
+    assert!(main.exited);
+    assert_eq!(main.lost, 3);
+    assert_eq!(main.events.len(), 12);
+    assert_eq!(main.events[0].ns, BASE_NS);
+    assert_eq!(main.events[0].kind, EventKind::Entry);
+    // After the TIME event: c enters at 10 us, main returns at 2.02 ms.
+    assert_eq!(main.events[9].ns, BASE_NS + 10_000);
+    assert_eq!(main.events[11].ns, BASE_NS + 2_020_000);
+    let worker = &p.threads[1];
+    assert_eq!((worker.lost_chunks, worker.exited), (1, false));
+    assert_eq!(t.start_ns(), BASE_NS);
+}
+
+#[test]
+fn replay_exact() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let t = Trace::open(dir.path()).unwrap();
+    let text = replay_text(&t, &ReplayOptions::default());
+    assert_eq!(
+        text.lines().next().unwrap(),
+        format!(
+            "# ftramp replay: {} (function_graph): demo x",
+            dir.path().display()
+        )
+    );
+    assert_eq!(body(&text), DEMO_REPLAY);
+}
+
+#[test]
+fn replay_filters() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let t = Trace::open(dir.path()).unwrap();
+
+    // -F a: only a's subtrees, each at depth 0 (one in process 100, one in 102).
+    let o = ReplayOptions {
+        filter: globs(&["a"]),
+        ..Default::default()
+    };
+    let text = replay_text(&t, &o);
+    let calls: Vec<&str> = text.lines().filter(|l| l.contains(" | ")).collect();
+    assert_eq!(
+        calls,
+        [
+            "            [   100] | a() {",
+            "   0.500 us [   100] |   b();",
+            "   0.200 us [   100] |   c();",
+            "   1.000 us [   100] | } /* a */",
+            "   0.100 us [   102] | a();",
+        ]
+    );
+
+    // -N 'a' hides a's subtree; --depth 1 makes main a leaf; --tid selects one thread.
+    let o = ReplayOptions {
+        notrace: globs(&["a"]),
+        select: Select {
+            tid: Some(100),
+            pid: None,
+        },
+        ..Default::default()
+    };
+    let text = replay_text(&t, &o);
+    assert!(
+        !text.contains("a()") && !text.contains("[   101]") && !text.contains("process 102"),
+        "{text}"
+    );
+    assert!(text.contains("   0.500 us [   100] |   b();\n"));
+    let o = ReplayOptions {
+        depth: Some(1),
+        select: Select {
+            pid: Some(100),
+            tid: None,
+        },
+        ..Default::default()
+    };
+    let text = replay_text(&t, &o);
+    let calls: Vec<&str> = text.lines().filter(|l| l.contains(" | ")).collect();
+    assert_eq!(
+        calls,
+        [
+            "   2.020 ms [   100] | main();",
+            "            [   101] | worker(); /* unfinished */"
+        ]
+    );
+
+    // --min-duration 400ns: c (200 ns), b (300 ns), c (50 ns) and a's short children go.
+    let o = ReplayOptions {
+        min_ns: Some(400),
+        select: Select {
+            tid: Some(100),
+            pid: None,
+        },
+        ..Default::default()
+    };
+    let text = replay_text(&t, &o);
+    let calls: Vec<&str> = text.lines().filter(|l| l.contains(" | ")).collect();
+    assert_eq!(
+        calls,
+        [
+            "            [   100] | main() {",
+            "            [   100] |   a() {",
+            "   0.500 us [   100] |     b();",
+            "   1.000 us [   100] |   } /* a */",
+            "   0.500 us [   100] |   b();",
+            "            [   100] |   /* lost 3 events */",
+            "   2.000 ms [   100] |   c();",
+            "   2.020 ms [   100] | } /* main */",
+        ]
+    );
+}
+
+#[test]
+fn replay_function_tracer() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function", &["demo"]);
+    write_process_info(d, 7, 0, 1, "/bin/demo", None, "");
+    write_syms(d, 7, 0, &["main", "a"]);
+    let bytes = chunk(
+        7,
+        0,
+        0,
+        2,
+        0,
+        &[entry(MAIN, 0), entry(A, 1_500), entry(A, 1_000_000_000)],
+    );
+    std::fs::write(dat_path(d, 7, 0), bytes).unwrap();
+    let t = Trace::open(d).unwrap();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let text = replay_text(&t, &ReplayOptions::default());
+    assert_eq!(
+        body(&text),
+        "\
+#
+# process 7 image 0: /bin/demo x (lost 2 events)
+
+# thread 7: lost 2 events
+#      TIMESTAMP      TID     FUNCTION
+     0.000000000 [     7] | /* lost 2 events */
+     0.000000000 [     7] | main
+     0.000001500 [     7] | a
+     1.000001500 [     7] | a
+"
+    );
+    // The report counts calls only.
+    let mut out = Vec::new();
+    report::report(&t, &ReportOptions::default(), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("           -           -           2           -           -  a\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn report_numbers() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let t = Trace::open(dir.path()).unwrap();
+    let rows: HashMap<String, report::FuncStats> = report::stats(&t, &Select::default())
+        .into_iter()
+        .map(|s| (s.name.clone(), s))
+        .collect();
+    let get = |n: &str| {
+        let s = &rows[n];
+        (
+            s.calls,
+            s.ended,
+            s.total_ns,
+            s.self_ns,
+            s.avg_ns(),
+            s.max_ns,
+        )
+    };
+    // main: 2.02 ms minus a (1000), b (500), c (2_000_000).
+    assert_eq!(
+        get("main"),
+        (1, 1, 2_020_000, 18_500, Some(2_020_000), 2_020_000)
+    );
+    // a: 1000 ns (self 1000 - 500 - 200) in process 100 and 100 ns in the child.
+    assert_eq!(get("a"), (2, 2, 1100, 400, Some(550), 1000));
+    assert_eq!(get("b"), (3, 3, 1300, 1300, Some(433), 500));
+    assert_eq!(
+        get("c"),
+        (3, 3, 2_000_250, 2_000_250, Some(666_750), 2_000_000)
+    );
+    assert_eq!(get("worker"), (1, 0, 0, 0, None, 0));
+
+    let mut out = Vec::new();
+    report::report(
+        &t,
+        &ReportOptions {
+            sort: SortKey::Total,
+            ..Default::default()
+        },
+        &mut out,
+    )
+    .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let table: Vec<&str> = text.lines().skip(2).collect();
+    assert_eq!(
+        table,
+        [
+            "  Total time   Self time       Calls     Average     Maximum  Function",
+            "  ==========  ==========  ==========  ==========  ==========  ====================",
+            "    2.020 ms   18.500 us           1    2.020 ms    2.020 ms  main",
+            "    2.000 ms    2.000 ms           3  666.750 us    2.000 ms  c",
+            "    1.300 us    1.300 us           3    0.433 us    0.500 us  b",
+            "    1.100 us    0.400 us           2    0.550 us    1.000 us  a",
+            "           -           -           1           -           -  worker",
+        ]
+    );
+    let order = |key: SortKey, pid: Option<u32>| {
+        let mut rows = report::stats(&t, &Select { pid, tid: None });
+        report::sort(&mut rows, key);
+        rows.into_iter().map(|s| s.name).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        order(SortKey::SelfTime, None),
+        ["c", "main", "b", "a", "worker"]
+    );
+    assert_eq!(
+        order(SortKey::Calls, None),
+        ["b", "c", "a", "main", "worker"]
+    );
+    assert_eq!(order(SortKey::Avg, None), ["main", "c", "a", "b", "worker"]);
+    assert_eq!(order(SortKey::Max, None), ["main", "c", "a", "b", "worker"]);
+    assert_eq!(
+        order(SortKey::Name, None),
+        ["a", "b", "c", "main", "worker"]
+    );
+    assert_eq!(order(SortKey::Total, Some(102)), ["a"]);
+    // -n 2
+    let mut out = Vec::new();
+    report::report(
+        &t,
+        &ReportOptions {
+            limit: Some(2),
+            ..Default::default()
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(String::from_utf8(out).unwrap().lines().count(), 4 + 2);
+}
+
+#[test]
+fn report_recursion_counts_total_once() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["fib"]);
+    write_process_info(d, 5, 0, 1, "/bin/fib", None, "");
+    write_syms(d, 5, 0, &["f", "g"]);
+    // f [0, 100] { f [10, 80] { f [20, 50] { g [25, 30] } } }
+    let ev = [
+        entry(0, 0),
+        entry(0, 10),
+        entry(0, 10),
+        entry(1, 5),
+        exit(1, 5),
+        exit(0, 20),
+        exit(0, 30),
+        exit(0, 20),
+    ];
+    std::fs::write(dat_path(d, 5, 0), chunk(5, 0, 0, 0, 0, &ev)).unwrap();
+    let t = Trace::open(d).unwrap();
+    let rows = report::stats(&t, &Select::default());
+    let f = rows.iter().find(|s| s.name == "f").unwrap();
+    assert_eq!(
+        (f.calls, f.total_ns, f.self_ns, f.avg_ns(), f.max_ns),
+        (3, 100, 95, Some(66), 100)
+    );
+    let g = rows.iter().find(|s| s.name == "g").unwrap();
+    assert_eq!((g.calls, g.total_ns, g.self_ns), (1, 5, 5));
+}
+
+#[test]
+fn folded_exact() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let t = Trace::open(dir.path()).unwrap();
+    let lines = dump::folded(&t, &FoldOptions::default());
+    assert_eq!(
+        lines,
+        [
+            "demo [100];tid 100;main 18500",
+            "demo [100];tid 100;main;a 300",
+            "demo [100];tid 100;main;a;b 500",
+            "demo [100];tid 100;main;a;c 200",
+            "demo [100];tid 100;main;b 500",
+            "demo [100];tid 100;main;c 2000000",
+            // worker is unfinished: it counts until the thread's last event (5050).
+            "demo [100];tid 101;worker 3200",
+            "demo [100];tid 101;worker;b 300",
+            "demo [100];tid 101;worker;c 50",
+            "demo [102];tid 102;a 100",
+        ]
+    );
+    let merged = dump::folded(
+        &t,
+        &FoldOptions {
+            merged: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        merged,
+        [
+            "a 100",
+            "main 18500",
+            "main;a 300",
+            "main;a;b 500",
+            "main;a;c 200",
+            "main;b 500",
+            "main;c 2000000",
+            "worker 3200",
+            "worker;b 300",
+            "worker;c 50"
+        ]
+    );
+}
+
+#[test]
+fn folded_caps_deep_recursion() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["deep"]);
+    write_process_info(d, 5, 0, 1, "/bin/deep", None, "");
+    write_syms(d, 5, 0, &["r"]);
+    let n = dump::MAX_FOLDED_DEPTH + 50;
+    let mut ev = vec![entry(0, 1); n];
+    ev.extend(vec![exit(0, 1); n]);
+    std::fs::write(dat_path(d, 5, 0), chunk(5, 0, 0, 0, 0, &ev)).unwrap();
+    let t = Trace::open(d).unwrap();
+    let lines = dump::folded(
+        &t,
+        &FoldOptions {
+            merged: true,
+            ..Default::default()
+        },
+    );
+    // Each call has 2 ns of self time (1 before its child enters, 1 after it returns); the
+    // innermost has 1.
+    assert_eq!(lines.len(), dump::MAX_FOLDED_DEPTH + 1);
+    let deepest = lines.iter().find(|l| l.contains("[deeper]")).unwrap();
+    assert_eq!(deepest.split(';').count(), dump::MAX_FOLDED_DEPTH + 1);
+    assert!(deepest.ends_with(&format!(" {}", 2 * 50 - 1)), "{deepest}");
+    let total: u64 = lines
+        .iter()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total, 2 * n as u64 - 1);
+}
+
+#[test]
+fn chrome_json_is_valid_and_balanced() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let t = Trace::open(dir.path()).unwrap();
+    let mut out = Vec::new();
+    dump::chrome(&t, &Select::default(), &mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("well-formed JSON");
+    assert_eq!(v["displayTimeUnit"], "ns");
+    let events = v["traceEvents"].as_array().unwrap();
+    let meta: Vec<String> = events
+        .iter()
+        .filter(|e| e["ph"] == "M")
+        .map(|e| {
+            format!(
+                "{} {} {} {}",
+                e["name"], e["pid"], e["tid"], e["args"]["name"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        meta,
+        [
+            "\"process_name\" 100 100 \"demo\"",
+            "\"process_name\" 102 102 \"demo\"",
+            "\"thread_name\" 100 100 \"demo (main)\"",
+            "\"thread_name\" 100 101 \"thread 101\"",
+            "\"thread_name\" 102 102 \"demo (main)\"",
+        ]
+    );
+    // B/E balance per thread, names matching in stack order, time never going back.
+    let mut stacks: HashMap<(u64, u64), (Vec<String>, f64)> = HashMap::new();
+    let (mut begins, mut lost) = (0, 0);
+    for e in events.iter().filter(|e| e["ph"] != "M") {
+        let key = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+        let ts = e["ts"].as_f64().unwrap();
+        let (stack, last) = stacks.entry(key).or_default();
+        assert!(ts >= *last, "{e}");
+        *last = ts;
+        let name = e["name"].as_str().unwrap().to_string();
+        match e["ph"].as_str().unwrap() {
+            "B" => {
+                begins += 1;
+                stack.push(name)
+            }
+            "E" => assert_eq!(stack.pop().as_ref(), Some(&name)),
+            "i" => {
+                assert_eq!(e["cat"], "lost");
+                lost += 1
+            }
+            ph => panic!("unexpected phase {ph}"),
+        }
+    }
+    assert!(stacks.values().all(|(s, _)| s.is_empty()));
+    assert_eq!((begins, lost), (10, 2));
+    // Times in µs since the start: main's end is 2020 µs, worker ends unfinished at 5.05 µs.
+    let end_main = events
+        .iter()
+        .find(|e| e["ph"] == "E" && e["name"] == "main")
+        .unwrap();
+    assert_eq!(end_main["ts"].as_f64(), Some(2020.0));
+    let end_worker = events
+        .iter()
+        .find(|e| e["ph"] == "E" && e["name"] == "worker")
+        .unwrap();
+    assert_eq!(end_worker["ts"].as_f64(), Some(5.05));
+    assert_eq!(end_worker["args"]["unfinished"], true);
+}
+
+#[test]
+fn names_needing_escapes_stay_valid() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["we\"ird"]);
+    write_process_info(d, 5, 0, 1, "/bin/a\"b\\c", None, "");
+    write_syms(d, 5, 0, &["q\"uote\\s;semi"]);
+    std::fs::write(
+        dat_path(d, 5, 0),
+        chunk(5, 0, 0, 0, 0, &[entry(0, 0), exit(0, 7)]),
+    )
+    .unwrap();
+    let t = Trace::open(d).unwrap();
+    let mut out = Vec::new();
+    dump::chrome(&t, &Select::default(), &mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("well-formed JSON");
+    assert!(v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "q\"uote\\s;semi"));
+    assert_eq!(
+        dump::folded(
+            &t,
+            &FoldOptions {
+                merged: true,
+                ..Default::default()
+            }
+        ),
+        ["q\"uote\\s:semi 7"]
+    );
+}
