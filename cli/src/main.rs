@@ -6,6 +6,8 @@ use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Di
 use std::io::Write as _;
 use std::path::PathBuf;
 
+mod demo;
+
 /// `println!` that ends the program quietly when stdout is closed (a pager
 /// or `head` that stopped reading), instead of panicking.
 macro_rules! out {
@@ -116,6 +118,9 @@ enum Cmd {
         #[arg(long, default_value = "")]
         prefix: String,
     },
+    /// Build the bundled C demo (threads, recursion, a shared library) with
+    /// this machine's patch-site flags, record it and replay the trace.
+    Demo(demo::DemoArgs),
 }
 
 fn variants(names: &[String], default: &[Variant]) -> Result<Vec<Variant>> {
@@ -209,6 +214,7 @@ fn main() -> Result<()> {
                 outp!("{}", listing::image(&spec, &image)?);
             }
         }
+        Cmd::Demo(a) => demo::run(a)?,
         Cmd::Gen { arch: a, output, header: want_header, variant, prefix } => {
             let spec = a.load()?;
             let bytes = if want_header {
