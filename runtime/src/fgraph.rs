@@ -665,6 +665,16 @@ thread_local! {
     static UNMAP: Unmapper = const { Unmapper };
 }
 
+/// This thread's [`Shadow`], as a plain reference so that the hot paths
+/// inline into the trampolines' callees.
+#[inline(always)]
+fn shadow() -> &'static Shadow {
+    // SAFETY: `Shadow` has no destructor, so the thread-local lives at a
+    // fixed address until the thread is gone; `Shadow` is not `Sync`
+    // (Cells), so the reference can never reach another thread.
+    SHADOW.with(|sh| unsafe { &*(sh as *const Shadow) })
+}
+
 /// The user in `slot`, if still registered and registered at or before
 /// `epoch`.
 #[inline(always)]
@@ -697,7 +707,7 @@ fn mask_of(ip: usize) -> u16 {
 /// call the entry callbacks.
 extern "C" fn graph_entry(ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
     let _g = DispatchGuard::enter();
-    SHADOW.with(|sh| push(sh, ip, fregs));
+    push(shadow(), ip, fregs);
 }
 
 #[inline(always)]
@@ -851,11 +861,12 @@ impl GraphRet {
     /// Calls `f` with each block this user reserved at entry, in
     /// reservation order (one walk of the frame; fprobe's exit).
     pub fn for_each_data(&self, mut f: impl FnMut(&mut [u8])) {
-        const MAX: usize = 32;
+        // Small: the array is initialised on every return.
+        const MAX: usize = 4;
         let mut blocks = [(0usize, 0usize); MAX];
         let mut n = 0;
-        let complete = SHADOW
-            .try_with(|sh| {
+        let complete = Some(shadow())
+            .map(|sh| {
                 let base = sh.ret_base.get() + word::FIXED;
                 let user = sh.cur_user.get();
                 let mut h = sh.ret_head.get();
@@ -944,7 +955,7 @@ impl GraphRet {
 /// return address.
 pub extern "C" fn ftrace_return_to_handler(fregs: &mut FtraceRegs) -> usize {
     let _g = DispatchGuard::enter();
-    match SHADOW.with(|sh| pop_return(sh, fregs)) {
+    match pop_return(shadow(), fregs) {
         Some(ret) => ret,
         None => fatal(b"ftramp fgraph: a hijacked return found no shadow-stack frame\n"),
     }

@@ -54,8 +54,7 @@ use crate::ftrace::{ftrace, OpsError};
 use crate::grace;
 use crate::ops::{Filter, FilterError};
 use crate::regs::FtraceRegs;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -169,26 +168,6 @@ impl From<OpsError> for FprobeError {
 // ---------------------------------------------------------------------------
 // The published tables.
 
-/// Addresses are already well spread: a multiplicative hash is enough.
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (n as u64 ^ (n as u64 >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type AddrMap<V> = HashMap<usize, V, BuildHasherDefault<AddrHasher>>;
-
 /// One fprobe on a site: its address and registration number.
 #[derive(Clone, Copy)]
 struct Probe {
@@ -198,8 +177,12 @@ struct Probe {
 
 #[derive(Default)]
 struct Tables {
-    by_ip: AddrMap<Box<[Probe]>>,
-    by_fprobe: AddrMap<u64>,
+    /// Site → its fprobes, sorted by site (binary search: cheaper than
+    /// hashing for the few sites a probe set usually has, and predictable).
+    by_ip: Box<[(usize, Box<[Probe]>)]>,
+    /// (fprobe, registration number) of every registration, sorted: an
+    /// exit runs only if its entry's pair is still here.
+    live: Box<[(usize, u64)]>,
 }
 
 // SAFETY: the raw pointers are only addresses of fprobes kept alive by the
@@ -239,14 +222,17 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
 /// (to be freed after a grace period).
 fn publish(r: &Registry) -> Option<Box<Tables>> {
     let mut t = Tables::default();
-    let mut by_ip: AddrMap<Vec<Probe>> = AddrMap::default();
+    let mut by_ip: BTreeMap<usize, Vec<Probe>> = BTreeMap::new();
+    let mut live = Vec::new();
     for p in &r.probes {
         let probe = Probe { fp: Arc::as_ptr(&p.fp), id: p.id };
-        t.by_fprobe.insert(probe.fp as usize, p.id);
+        live.push((probe.fp as usize, p.id));
         for ip in &p.ips {
             by_ip.entry(*ip).or_default().push(probe);
         }
     }
+    live.sort_unstable();
+    t.live = live.into_boxed_slice();
     t.by_ip = by_ip.into_iter().map(|(k, v)| (k, v.into_boxed_slice())).collect();
     let old = TABLES.swap(Box::into_raw(Box::new(t)), AcqRel);
     // SAFETY: every pointer in TABLES came from Box::into_raw above and the
@@ -388,7 +374,9 @@ pub fn registered() -> usize {
 // The shared fgraph user's callbacks.
 
 extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> bool {
-    let Some(probes) = tables().and_then(|t| t.by_ip.get(&ent.func)) else { return false };
+    let Some(t) = tables() else { return false };
+    let Ok(i) = t.by_ip.binary_search_by_key(&ent.func, |e| e.0) else { return false };
+    let probes = &t.by_ip[i].1;
     let ret_ip = fregs.return_address();
     let mut want = false;
     for p in probes.iter() {
@@ -432,7 +420,7 @@ extern "C" fn fp_exit(ret: &GraphRet, _g: &Fgraph, fregs: &mut FtraceRegs) {
         let (head, data) = block.split_at_mut(HEADER);
         let word = |i: usize| u64::from_ne_bytes(head[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         let (fpw, id, ret_ip) = (word(0) as usize, word(1), word(2) as usize);
-        if fpw == 0 || t.by_fprobe.get(&fpw) != Some(&id) {
+        if fpw == 0 || t.live.binary_search(&(fpw, id)).is_err() {
             return;
         }
         // SAFETY: still in the tables under the same registration: the
