@@ -15,7 +15,7 @@ struct Offsets {
 }
 
 /// The hot offsets as constants (`build.rs`, from the same layout).
-mod fixed {
+pub(crate) mod fixed {
     include!(concat!(env!("OUT_DIR"), "/frame_offsets.rs"));
 }
 
