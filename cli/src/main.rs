@@ -6,6 +6,8 @@ use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Di
 use std::io::Write as _;
 use std::path::PathBuf;
 
+mod analyze;
+
 mod demo;
 
 /// `println!` that ends the program quietly when stdout is closed (a pager
@@ -93,6 +95,14 @@ enum Cmd {
         #[arg(long, conflicts_with = "variant")]
         all: bool,
     },
+    /// Print a recorded trace as a call graph, ftrace `function_graph` style: durations,
+    /// indented `{`/`}` per call, one section per process and thread.
+    Replay(analyze::ReplayArgs),
+    /// Per-function table of a recorded trace: calls, total, self, average and maximum time.
+    Report(analyze::ReportArgs),
+    /// Write a recorded trace as Chrome trace-event JSON (Perfetto), folded stacks or an
+    /// SVG flame graph.
+    Dump(analyze::DumpArgs),
     /// Write a relocatable ELF object with the trampolines, or the C header.
     ///
     /// The object exports `ftrace_caller` (args tier, list dispatch),
@@ -189,6 +199,9 @@ fn main() -> Result<()> {
             let site = if callsite { &spec.raw.site.callsite_flags } else { &spec.raw.site.flags };
             out!("{site} -fno-ipa-ra");
         }
+        Cmd::Replay(a) => analyze::replay(a)?,
+        Cmd::Report(a) => analyze::report(a)?,
+        Cmd::Dump(a) => analyze::dump(a)?,
         Cmd::Archs { rust_targets: false } => {
             for a in arch::KNOWN {
                 match arch::lookup(a) {

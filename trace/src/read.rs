@@ -28,11 +28,10 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// The file could not be read at all.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Damage at a byte offset of a binary file.
     #[error("{}: offset {offset}: {what}", path.display())]
@@ -259,9 +258,9 @@ pub struct Trace {
 impl Trace {
     /// Reads the trace directory `dir`. Fails only when nothing is readable.
     pub fn open(dir: &Path) -> Result<Trace, TraceError> {
-        let entries = std::fs::read_dir(dir).map_err(|source| TraceError::Io {
+        let entries = std::fs::read_dir(dir).map_err(|error| TraceError::Io {
             path: dir.to_path_buf(),
-            source,
+            error,
         })?;
         let mut problems = Vec::new();
         // (pid, image) → which of info/sym/dat exist.
@@ -269,10 +268,10 @@ impl Trace {
         for e in entries {
             let e = match e {
                 Ok(e) => e,
-                Err(source) => {
+                Err(error) => {
                     problems.push(TraceError::Io {
                         path: dir.to_path_buf(),
-                        source,
+                        error,
                     });
                     continue;
                 }
@@ -302,10 +301,10 @@ impl Trace {
                             .into(),
                     })
                 }
-                Err(source) => {
+                Err(error) => {
                     problems.push(TraceError::Io {
                         path: info_path,
-                        source,
+                        error,
                     });
                     TraceInfo::default()
                 }
@@ -331,10 +330,10 @@ impl Trace {
             let calibrated = if have[0] {
                 match std::fs::read_to_string(&info_file) {
                     Ok(text) => parse_process_info(&info_file, &text, &mut p, &mut problems),
-                    Err(source) => {
+                    Err(error) => {
                         problems.push(TraceError::Io {
                             path: info_file,
-                            source,
+                            error,
                         });
                         false
                     }
@@ -350,9 +349,9 @@ impl Trace {
             if have[1] {
                 match std::fs::read(&sym_file) {
                     Ok(bytes) => p.symbols = parse_symbols(&sym_file, &bytes, &mut problems),
-                    Err(source) => problems.push(TraceError::Io {
+                    Err(error) => problems.push(TraceError::Io {
                         path: sym_file,
-                        source,
+                        error,
                     }),
                 }
             } else {
@@ -396,7 +395,7 @@ impl Trace {
                     Ok(bytes) => {
                         p.threads = read_dat(&dat, &bytes, p.pid, &p.calibration, &mut problems)
                     }
-                    Err(source) => problems.push(TraceError::Io { path: dat, source }),
+                    Err(error) => problems.push(TraceError::Io { path: dat, error }),
                 }
             } else {
                 problems.push(TraceError::Invalid {

@@ -128,34 +128,6 @@ pub fn fmt_duration(ns: u64) -> String {
     format!("{:>7} {unit}", format!("{whole}.{frac:03}"))
 }
 
-/// Parses a time such as `500ns`, `10us`, `1.5ms`, `2s` or a plain number of nanoseconds.
-pub fn parse_duration(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: f64 = match unit.trim() {
-        "" | "ns" => 1.0,
-        "us" | "µs" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        u => {
-            return Err(format!(
-                "bad time {s:?}: unknown unit {u:?} (use ns, us, ms or s)"
-            ))
-        }
-    };
-    let n: f64 = num.parse().map_err(|_| {
-        format!("bad time {s:?}: expected a number with an optional unit, e.g. 10us")
-    })?;
-    let ns = n * mult;
-    if !ns.is_finite() || ns < 0.0 || ns > u64::MAX as f64 {
-        return Err(format!("bad time {s:?}: out of range"));
-    }
-    Ok(ns.round() as u64)
-}
-
 const BLANK: &str = "          ";
 
 /// Column header of function_graph sections.
@@ -427,13 +399,6 @@ mod tests {
         assert_eq!(fmt_duration(12_345_678), " 12.345 ms");
         assert_eq!(fmt_duration(2_000_000_000), "  2.000  s");
         assert_eq!(fmt_duration(u64::MAX), "18446744073.709  s");
-        assert_eq!(parse_duration("10us"), Ok(10_000));
-        assert_eq!(parse_duration("1.5ms"), Ok(1_500_000));
-        assert_eq!(parse_duration("2 s"), Ok(2_000_000_000));
-        assert_eq!(parse_duration("300"), Ok(300));
-        assert!(parse_duration("10 parsecs").unwrap_err().contains("unit"));
-        assert!(parse_duration("us").unwrap_err().contains("number"));
-        assert!(parse_duration("1e400").is_err());
     }
 
     #[test]

@@ -1,0 +1,279 @@
+//! `ftramp replay|report|dump` on synthetic traces: output, files written and error messages.
+
+#[path = "../../trace/tests/common/mod.rs"]
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ftramp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ftramp"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = ftramp(args);
+    assert!(
+        o.status.success(),
+        "ftramp {args:?} failed: {}",
+        text(&o.stderr)
+    );
+    assert_eq!(text(&o.stderr), "", "unexpected warnings");
+    text(&o.stdout)
+}
+
+fn d(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn replay_prints_the_call_graph() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let out = ok(&["replay", "-d", d(dir.path())]);
+    let (first, rest) = out.split_once('\n').unwrap();
+    assert_eq!(
+        first,
+        format!(
+            "# ftramp replay: {} (function_graph): demo x",
+            dir.path().display()
+        )
+    );
+    assert_eq!(rest, DEMO_REPLAY);
+
+    let out = ok(&[
+        "replay",
+        "-d",
+        d(dir.path()),
+        "-F",
+        "a*",
+        "-N",
+        "c",
+        "--pid",
+        "100",
+    ]);
+    let calls: Vec<&str> = out.lines().filter(|l| l.contains(" | ")).collect();
+    assert_eq!(
+        calls,
+        [
+            "            [   100] | a() {",
+            "   0.500 us [   100] |   b();",
+            "   1.000 us [   100] | } /* a */"
+        ]
+    );
+    let out = ok(&[
+        "replay",
+        "-d",
+        d(dir.path()),
+        "--tid",
+        "100",
+        "--depth",
+        "2",
+        "--min-duration",
+        "0.6us",
+    ]);
+    let calls: Vec<&str> = out.lines().filter(|l| l.contains(" | ")).collect();
+    assert_eq!(
+        calls,
+        [
+            "            [   100] | main() {",
+            "   1.000 us [   100] |   a();",
+            "            [   100] |   /* lost 3 events */",
+            "   2.000 ms [   100] |   c();",
+            "   2.020 ms [   100] | } /* main */",
+        ]
+    );
+}
+
+#[test]
+fn report_sorts_and_limits() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let out = ok(&["report", "-d", d(dir.path()), "-s", "calls", "-n", "2"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].ends_with(
+            "(function_graph): 2 process images, 3 threads, 5 functions; sorted by calls"
+        ),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(
+        &lines[4..],
+        [
+            "    1.300 us    1.300 us           3    0.433 us    0.500 us  b",
+            "    2.000 ms    2.000 ms           3  666.750 us    2.000 ms  c",
+        ]
+    );
+    let out = ok(&["report", "-d", d(dir.path()), "--pid", "102"]);
+    assert!(
+        out.ends_with("    0.100 us    0.100 us           1    0.100 us    0.100 us  a\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn dump_chrome_flame_and_svg() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let json = dir.path().join("out.json");
+    assert_eq!(
+        ok(&["dump", "-d", d(dir.path()), "--chrome", "-o", d(&json)]),
+        ""
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).expect("valid JSON");
+    let events = v["traceEvents"].as_array().unwrap();
+    let b = events.iter().filter(|e| e["ph"] == "B").count();
+    let e = events.iter().filter(|e| e["ph"] == "E").count();
+    assert_eq!((b, e), (10, 10));
+    // To stdout as well.
+    let out = ok(&["dump", "-d", d(dir.path()), "--chrome", "--tid", "102"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    assert_eq!(
+        v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "B")
+            .count(),
+        1
+    );
+
+    let out = ok(&[
+        "dump",
+        "-d",
+        d(dir.path()),
+        "--flame",
+        "--merged",
+        "--tid",
+        "101",
+    ]);
+    assert_eq!(out, "worker 3200\nworker;b 300\nworker;c 50\n");
+
+    let svg = dir.path().join("flame.svg");
+    assert_eq!(
+        ok(&["dump", "-d", d(dir.path()), "--flame-svg", d(&svg)]),
+        ""
+    );
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        s.starts_with("<?xml") && s.trim_end().ends_with("</svg>"),
+        "{}",
+        &s[..s.len().min(200)]
+    );
+    // Every folded line is counted (demo [102]'s 100 ns is too narrow to be drawn).
+    assert!(s.contains("<title>all (2,023,650 ns, 100%)</title>"));
+    for f in ["main", "worker", "tid 101", "demo [100]"] {
+        let titles: Vec<&str> = s
+            .match_indices("<title>")
+            .map(|(i, _)| &s[i..s[i..].find("</title>").map_or(s.len(), |j| i + j)])
+            .collect();
+        assert!(
+            titles
+                .iter()
+                .any(|t| t.starts_with(&format!("<title>{f} ("))),
+            "{f} missing from the SVG: {titles:?}"
+        );
+    }
+}
+
+#[test]
+fn errors_name_the_input() {
+    let dir = tempdir();
+    let missing = dir.path().join("none");
+    let o = ftramp(&["replay", "-d", d(&missing)]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&format!("cannot read trace {}", missing.display())),
+        "{err}"
+    );
+    assert!(err.contains("No such file or directory"), "{err}");
+
+    let o = ftramp(&["report", "-d", d(dir.path())]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("not an ftramp trace directory"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    demo_trace(dir.path());
+    let o = ftramp(&["report", "-d", d(dir.path()), "-s", "speed"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr)
+            .contains("unknown sort key \"speed\" (known: total, self, calls, avg, max, name)"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = ftramp(&["replay", "-d", d(dir.path()), "--min-duration", "5h"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("unknown time unit `h`"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = ftramp(&["replay", "-d", d(dir.path()), "-F", "[a"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("bad function glob \"[a\""),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = ftramp(&["replay", "-d", d(dir.path()), "--tid", "999"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(err.contains("no thread matches --tid 999 (the trace has: pid 100 (tids 100 101), pid 102 (tids 102))"), "{err}");
+    let o = ftramp(&["dump", "-d", d(dir.path())]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("--chrome|--flame|--flame-svg"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn damaged_trace_warns_and_replays_the_rest() {
+    let dir = tempdir();
+    let l = demo_trace(dir.path());
+    let dat = dat_path(dir.path(), 100, 0);
+    let mut b = std::fs::read(&dat).unwrap();
+    b[l.chunks[1]..l.chunks[1] + 4].copy_from_slice(b"junk");
+    std::fs::write(&dat, b).unwrap();
+    let o = ftramp(&["replay", "-d", d(dir.path())]);
+    assert!(o.status.success());
+    let err = text(&o.stderr);
+    assert_eq!(
+        err,
+        format!(
+            "ftramp: warning: {}: offset {}: bad chunk magic [6a, 75, 6e, 6b] (expected \"FTRC\"); skipped {} bytes to the next chunk at offset {} (1 chunk before it intact)\n",
+            dat.display(),
+            l.chunks[1],
+            l.chunks[2] - l.chunks[1],
+            l.chunks[2]
+        )
+    );
+    let out = text(&o.stdout);
+    // Thread 100 complete; thread 101 lost its first chunk (worker's entry), so it starts
+    // with the chunk gap and c; the return of worker was never recorded either.
+    assert!(
+        out.contains("   2.020 ms [   100] | } /* main */\n"),
+        "{out}"
+    );
+    assert!(out.contains("# thread 101: 2 chunks missing\n"), "{out}");
+    assert!(
+        out.contains("            [   101] | /* lost 2 chunks */\n   0.050 us [   101] | c();\n"),
+        "{out}"
+    );
+}
