@@ -14,6 +14,7 @@
 use crate::calls::{CallTree, End, Node};
 use crate::read::Trace;
 use crate::replay::{name, names_of, Select};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
@@ -42,15 +43,18 @@ pub fn json_str(s: &str) -> String {
 }
 
 /// Nanoseconds as microseconds with three decimals (exact).
-fn us(ns: u64) -> String {
-    format!("{}.{:03}", ns / 1000, ns % 1000)
+struct Us(u64);
+
+impl std::fmt::Display for Us {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{:03}", self.0 / 1000, self.0 % 1000)
+    }
 }
 
 /// Writes Chrome trace-event JSON of the selected threads.
 pub fn chrome(trace: &Trace, select: &Select, out: &mut dyn Write) -> io::Result<()> {
     let has_exits = trace.info.has_exits();
     let start = trace.start_ns();
-    let rel = |ns: u64| us(ns.saturating_sub(start));
     writeln!(out, "{{\"displayTimeUnit\":\"ns\",")?;
     writeln!(
         out,
@@ -84,7 +88,7 @@ pub fn chrome(trace: &Trace, select: &Select, out: &mut dyn Write) -> io::Result
         )?;
     }
     for p in trace.processes.iter().filter(|p| select.process(p)) {
-        let names = names_of(p);
+        let jnames: Vec<String> = names_of(p).iter().map(|n| json_str(n)).collect();
         let pid = p.pid;
         for t in p.threads.iter().filter(|t| select.thread(t)) {
             let tid = t.tid;
@@ -106,52 +110,39 @@ pub fn chrome(trace: &Trace, select: &Select, out: &mut dyn Write) -> io::Result
             let mut work: Vec<(Node, bool)> =
                 tree.roots.iter().rev().map(|&n| (n, false)).collect();
             while let Some((node, close)) = work.pop() {
-                match node {
-                    Node::Lost { ns, what } => ev(
-                        out,
-                        format!(
-                            "{{\"name\":{},\"cat\":\"lost\",\"ph\":\"i\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}}}",
-                            json_str(&what.to_string()),
-                            rel(ns)
-                        ),
-                    )?,
+                let (n, cat, ph, ns, args) = match node {
+                    Node::Lost { ns, what } => {
+                        let n = json_str(&what.to_string());
+                        (Cow::Owned(n), "lost", "i\",\"s\":\"t", ns, "")
+                    }
                     Node::Call(c) => {
                         let call = &tree.calls[c];
-                        let n = json_str(&name(&names, call.func));
+                        let n = match jnames.get(call.func as usize) {
+                            Some(n) => Cow::Borrowed(n.as_str()),
+                            None => Cow::Owned(json_str(&format!("#{}", call.func))),
+                        };
                         if call.end == End::NoExit {
-                            ev(
-                                out,
-                                format!(
-                                    "{{\"name\":{n},\"cat\":\"function\",\"ph\":\"i\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}}}",
-                                    rel(call.entry_ns)
-                                ),
-                            )?;
+                            (n, "function", "i\",\"s\":\"t", call.entry_ns, "")
                         } else if !close {
-                            ev(
-                                out,
-                                format!(
-                                    "{{\"name\":{n},\"cat\":\"function\",\"ph\":\"B\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}}}",
-                                    rel(call.entry_ns)
-                                ),
-                            )?;
                             work.push((node, true));
                             work.extend(call.children.iter().rev().map(|&k| (k, false)));
+                            (n, "function", "B", call.entry_ns, "")
                         } else {
                             let args = match call.end {
                                 End::Unwound(_) => ",\"args\":{\"unwound\":true}",
                                 End::Unfinished => ",\"args\":{\"unfinished\":true}",
                                 End::Returned(_) | End::NoExit => "",
                             };
-                            ev(
-                                out,
-                                format!(
-                                    "{{\"name\":{n},\"cat\":\"function\",\"ph\":\"E\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}{args}}}",
-                                    rel(tree.end_or_last(c))
-                                ),
-                            )?;
+                            (n, "function", "E", tree.end_or_last(c), args)
                         }
                     }
-                }
+                };
+                // Never the first element: the process's process_name came before.
+                write!(
+                    out,
+                    ",\n{{\"name\":{n},\"cat\":\"{cat}\",\"ph\":\"{ph}\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}{args}}}",
+                    Us(ns.saturating_sub(start))
+                )?;
             }
         }
     }
@@ -210,8 +201,12 @@ pub fn folded(trace: &Trace, opts: &FoldOptions) -> Vec<String> {
                     self_or_last(&tree, c)
                 };
                 if let Some(v) = value.filter(|&v| v > 0) {
-                    let e = stacks.entry(path.clone()).or_default();
-                    *e = e.saturating_add(v);
+                    match stacks.get_mut(&path) {
+                        Some(e) => *e = e.saturating_add(v),
+                        None => {
+                            stacks.insert(path.clone(), v);
+                        }
+                    }
                 }
             }
         }
@@ -251,8 +246,8 @@ mod tests {
     #[test]
     fn json_strings() {
         assert_eq!(json_str("a\"b\\c\n\u{1}é"), "\"a\\\"b\\\\c\\n\\u0001é\"");
-        assert_eq!(us(1_234_567), "1234.567");
-        assert_eq!(us(5), "0.005");
+        assert_eq!(Us(1_234_567).to_string(), "1234.567");
+        assert_eq!(Us(5).to_string(), "0.005");
         assert_eq!(frame("a;b\nc"), "a:b:c");
     }
 }

@@ -116,16 +116,30 @@ pub struct ReplayOptions {
 
 /// A duration in uftrace's style, 10 characters: `  1.088 us`, ` 12.345 ms`, `  2.000  s`.
 pub fn fmt_duration(ns: u64) -> String {
-    let (unit, div) = if ns < 1_000_000 {
-        ("us", 1_000)
-    } else if ns < 1_000_000_000 {
-        ("ms", 1_000_000)
-    } else {
-        (" s", 1_000_000_000)
-    };
-    let whole = ns / div;
-    let frac = ns % div * 1000 / div;
-    format!("{:>7} {unit}", format!("{whole}.{frac:03}"))
+    Duration(ns).to_string()
+}
+
+/// [`fmt_duration`] without allocating.
+#[derive(Debug, Clone, Copy)]
+pub struct Duration(pub u64);
+
+impl std::fmt::Display for Duration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ns = self.0;
+        let (unit, div) = if ns < 1_000_000 {
+            ("us", 1_000)
+        } else if ns < 1_000_000_000 {
+            ("ms", 1_000_000)
+        } else {
+            (" s", 1_000_000_000)
+        };
+        let whole = ns / div;
+        let frac = ns % div * 1000 / div;
+        // `whole.frac` right-aligned in 7 columns.
+        let digits = whole.checked_ilog10().unwrap_or(0) as usize + 1;
+        let pad = 7usize.saturating_sub(digits + 4);
+        write!(f, "{:pad$}{whole}.{frac:03} {unit}", "")
+    }
 }
 
 const BLANK: &str = "          ";
@@ -243,15 +257,18 @@ fn thread_note(t: &Thread) -> Option<String> {
     (!notes.is_empty()).then(|| notes.join(", "))
 }
 
-fn line(out: &mut dyn Write, dur: Option<u64>, tid: u32, depth: u32, text: &str) -> io::Result<()> {
-    let d = dur.map(fmt_duration);
-    let d = d.as_deref().unwrap_or(BLANK);
-    writeln!(
-        out,
-        " {d} [{tid:>6}] | {:w$}{text}",
-        "",
-        w = 2 * depth as usize
-    )
+fn line(
+    out: &mut dyn Write,
+    dur: Option<u64>,
+    tid: u32,
+    depth: u32,
+    text: std::fmt::Arguments<'_>,
+) -> io::Result<()> {
+    let w = 2 * depth as usize;
+    match dur {
+        Some(d) => writeln!(out, " {} [{tid:>6}] | {:w$}{text}", Duration(d), ""),
+        None => writeln!(out, " {BLANK} [{tid:>6}] | {:w$}{text}", ""),
+    }
 }
 
 enum Work {
@@ -287,16 +304,22 @@ fn graph(
             Work::Close(c, depth) => {
                 let call = &tree.calls[c];
                 let n = name(names, call.func);
-                let text = match call.end {
-                    End::Returned(_) => format!("}} /* {n} */"),
-                    End::Unwound(_) => format!("}} /* {n}: unwound */"),
-                    End::Unfinished | End::NoExit => format!("}} /* {n}: unfinished */"),
+                let how = match call.end {
+                    End::Returned(_) => "",
+                    End::Unwound(_) => ": unwound",
+                    End::Unfinished | End::NoExit => ": unfinished",
                 };
-                line(out, call.duration(), tid, depth, &text)?;
+                line(
+                    out,
+                    call.duration(),
+                    tid,
+                    depth,
+                    format_args!("}} /* {n}{how} */"),
+                )?;
             }
             Work::Visit(Node::Lost { what, .. }, ctx) => {
                 if let Some(depth) = ctx.filter(|&d| d < max_depth) {
-                    line(out, None, tid, depth, &format!("/* {what} */"))?;
+                    line(out, None, tid, depth, format_args!("/* {what} */"))?;
                 }
             }
             Work::Visit(Node::Call(c), ctx) => {
@@ -321,7 +344,7 @@ fn graph(
                     Node::Call(k) => !hidden(k, depth + 1),
                 });
                 if shown_child {
-                    line(out, None, tid, depth, &format!("{n}() {{"))?;
+                    line(out, None, tid, depth, format_args!("{n}() {{"))?;
                     work.push(Work::Close(c, depth));
                     work.extend(
                         call.children
@@ -330,12 +353,18 @@ fn graph(
                             .map(|&k| Work::Visit(k, Some(depth + 1))),
                     );
                 } else {
-                    let text = match call.end {
-                        End::Returned(_) => format!("{n}();"),
-                        End::Unwound(_) => format!("{n}(); /* unwound */"),
-                        End::Unfinished | End::NoExit => format!("{n}(); /* unfinished */"),
+                    let how = match call.end {
+                        End::Returned(_) => "",
+                        End::Unwound(_) => " /* unwound */",
+                        End::Unfinished | End::NoExit => " /* unfinished */",
                     };
-                    line(out, call.duration(), tid, depth, &text)?;
+                    line(
+                        out,
+                        call.duration(),
+                        tid,
+                        depth,
+                        format_args!("{n}();{how}"),
+                    )?;
                 }
             }
         }

@@ -12,7 +12,7 @@
 
 use crate::calls::CallTree;
 use crate::read::Trace;
-use crate::replay::{fmt_duration, name, names_of, Select};
+use crate::replay::{fmt_duration, Select};
 use std::collections::HashMap;
 use std::io::{self, Write};
 
@@ -74,7 +74,8 @@ pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
     let has_exits = trace.info.has_exits();
     let mut by_name: HashMap<String, FuncStats> = HashMap::new();
     for p in trace.processes.iter().filter(|p| select.process(p)) {
-        let names = names_of(p);
+        // Per function id first (ids are dense), by name when merging processes.
+        let mut by_id: HashMap<u32, FuncStats> = HashMap::new();
         for t in p.threads.iter().filter(|t| select.thread(t)) {
             let tree = CallTree::build(t, has_exits);
             // The chain of calls from the root to the current one, and how many times each
@@ -91,9 +92,7 @@ pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
                 }
                 let call = &tree.calls[c];
                 let nested = active.get(&call.func).copied().unwrap_or(0) > 0;
-                let s = by_name
-                    .entry(name(&names, call.func).into_owned())
-                    .or_default();
+                let s = by_id.entry(call.func).or_default();
                 s.calls += 1;
                 if let Some(d) = call.duration() {
                     s.ended += 1;
@@ -107,6 +106,15 @@ pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
                 chain.push(c);
                 *active.entry(call.func).or_default() += 1;
             }
+        }
+        for (id, s) in by_id {
+            let m = by_name.entry(p.func_name(id)).or_default();
+            m.calls += s.calls;
+            m.ended += s.ended;
+            m.total_ns = m.total_ns.saturating_add(s.total_ns);
+            m.self_ns = m.self_ns.saturating_add(s.self_ns);
+            m.sum_ns = m.sum_ns.saturating_add(s.sum_ns);
+            m.max_ns = m.max_ns.max(s.max_ns);
         }
     }
     by_name

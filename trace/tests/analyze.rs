@@ -504,3 +504,73 @@ fn names_needing_escapes_stay_valid() {
         ["q\"uote\\s:semi 7"]
     );
 }
+
+/// 2M calls on 4 threads (32 MB of events): everything is read and counted. Prints the
+/// time each stage takes (run: cargo test --release -p ftramp-trace --test analyze -- --ignored --nocapture).
+#[test]
+#[ignore]
+fn large_trace() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["big"]);
+    write_process_info(d, 9, 0, 1, "/bin/big", None, "");
+    let names: Vec<String> = (0..100).map(|i| format!("f{i}")).collect();
+    write_syms(
+        d,
+        9,
+        0,
+        &names.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let mut bytes = Vec::new();
+    let per_thread = 500_000u32;
+    for tid in 9..13 {
+        let mut ev = Vec::new();
+        let mut seq = 0;
+        for i in 0..per_thread {
+            // A call tree 3 deep: f(i%10) { f(10 + i%90) }.
+            ev.extend([
+                entry(i % 10, 5),
+                entry(10 + i % 90, 5),
+                exit(10 + i % 90, 20),
+                exit(i % 10, 5),
+            ]);
+            if ev.len() >= 65_536 || i + 1 == per_thread {
+                bytes.extend(chunk(tid, seq, 0, 0, 0, &ev));
+                seq += 1;
+                ev.clear();
+            }
+        }
+    }
+    std::fs::write(dat_path(d, 9, 0), &bytes).unwrap();
+    let t0 = std::time::Instant::now();
+    let t = Trace::open(d).unwrap();
+    let open = t0.elapsed();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let calls = 4 * 2 * per_thread as u64;
+    let t1 = std::time::Instant::now();
+    let mut out = std::io::sink();
+    replay::replay(&t, &ReplayOptions::default(), &mut out).unwrap();
+    let replay_t = t1.elapsed();
+    let t2 = std::time::Instant::now();
+    let rows = report::stats(&t, &Select::default());
+    let report_t = t2.elapsed();
+    assert_eq!(rows.iter().map(|s| s.calls).sum::<u64>(), calls);
+    let t3 = std::time::Instant::now();
+    dump::chrome(&t, &Select::default(), &mut out).unwrap();
+    let chrome_t = t3.elapsed();
+    let t4 = std::time::Instant::now();
+    let folded = dump::folded(&t, &FoldOptions::default());
+    let folded_t = t4.elapsed();
+    // Per thread: 10 roots and 90 distinct (i % 10, 10 + i % 90) pairs.
+    assert_eq!(folded.len(), 4 * (10 + 90));
+    let per = |d: std::time::Duration| d.as_nanos() as f64 / calls as f64;
+    println!(
+        "{calls} calls, {} MB: open {:.0} ns/call, replay {:.0}, report {:.0}, chrome {:.0}, folded {:.0}",
+        bytes.len() >> 20,
+        per(open),
+        per(replay_t),
+        per(report_t),
+        per(chrome_t),
+        per(folded_t)
+    );
+}
