@@ -224,10 +224,13 @@ impl Process {
         }
     }
 
-    /// Display name of function `id`: the symbol, else its address, else `#id`.
+    /// Display name of function `id`: the symbol (demangled, without parameters, see
+    /// [`demangle`]), else its address, else `#id`.
     pub fn func_name(&self, id: u32) -> String {
         match self.symbol(id) {
-            Some(s) if s.name != "?" && !s.name.is_empty() => s.name.clone(),
+            Some(s) if s.name != "?" && !s.name.is_empty() => {
+                demangle(&s.name).unwrap_or_else(|| s.name.clone())
+            }
             Some(s) => format!("{:#x}", s.addr),
             None => format!("#{id}"),
         }
@@ -242,6 +245,33 @@ impl Process {
             e
         }
     }
+}
+
+/// The readable name of a mangled symbol, like uftrace's default (`--demangle=simple`):
+/// C++ (`_Z...`) without parameter lists, Rust (`_R...`, or `_ZN...17h<hash>E`) without
+/// the hash. `None` when `raw` is not mangled or does not demangle.
+pub fn demangle(raw: &str) -> Option<String> {
+    let rust_legacy = raw.starts_with("_ZN") && raw.len() > 20 && {
+        // `17h` + 16 hex digits + `E` at the end (an optional `.llvm.N` suffix aside).
+        let core = raw.split('.').next().unwrap_or(raw);
+        core.len() > 20
+            && core.ends_with('E')
+            && core[..core.len() - 1].ends_with(|c: char| c.is_ascii_hexdigit())
+            && core[core.len() - 20..].starts_with("17h")
+    };
+    if raw.starts_with("_R") || rust_legacy {
+        if let Ok(d) = rustc_demangle::try_demangle(raw) {
+            return Some(format!("{d:#}"));
+        }
+    }
+    if raw.starts_with("_Z") {
+        let sym = cpp_demangle::Symbol::new(raw.as_bytes()).ok()?;
+        let opts = cpp_demangle::DemangleOptions::new()
+            .no_params()
+            .no_return_type();
+        return sym.demangle_with_options(&opts).ok();
+    }
+    None
 }
 
 /// A trace directory read into memory.

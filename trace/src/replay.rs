@@ -168,6 +168,8 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions, out: &mut dyn Write) -> io::R
         writeln!(out, "#")?;
         writeln!(out, "{}", process_line(p))?;
         let names: Vec<String> = names_of(p);
+        let filter = Matcher::new(&opts.filter, p, &names);
+        let notrace = Matcher::new(&opts.notrace, p, &names);
         for t in p.threads.iter().filter(|t| opts.select.thread(t)) {
             writeln!(out)?;
             if let Some(note) = thread_note(t) {
@@ -176,7 +178,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions, out: &mut dyn Write) -> io::R
             let tree = CallTree::build(t, has_exits);
             if has_exits {
                 writeln!(out, "{GRAPH_HEADER}")?;
-                graph(&tree, t.tid, &names, opts, out)?;
+                graph(&tree, t.tid, &names, &filter, &notrace, opts, out)?;
                 if tree.unmatched_exits > 0 {
                     writeln!(
                         out,
@@ -186,11 +188,51 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions, out: &mut dyn Write) -> io::R
                 }
             } else {
                 writeln!(out, "{FLAT_HEADER}")?;
-                flat(&tree, t.tid, &names, opts, start, out)?;
+                flat(&tree, t.tid, &names, &filter, &notrace, start, out)?;
             }
         }
     }
     Ok(())
+}
+
+/// Which function ids of a process match a [`Globs`] (by display or raw symbol name),
+/// decided once per id.
+struct Matcher<'a> {
+    globs: &'a Globs,
+    hit: Vec<bool>,
+}
+
+impl<'a> Matcher<'a> {
+    fn new(globs: &'a Globs, p: &Process, names: &[String]) -> Matcher<'a> {
+        let hit = if globs.is_empty() {
+            Vec::new()
+        } else {
+            names
+                .iter()
+                .enumerate()
+                .map(|(id, n)| {
+                    globs.matches(n)
+                        || p.symbol(id as u32)
+                            .is_some_and(|s| s.name != *n && globs.matches(&s.name))
+                })
+                .collect()
+        };
+        Matcher { globs, hit }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.globs.is_empty()
+    }
+
+    fn matches(&self, func: u32) -> bool {
+        if self.globs.is_empty() {
+            return false;
+        }
+        match self.hit.get(func as usize) {
+            Some(&h) => h,
+            None => self.globs.matches(&format!("#{func}")),
+        }
+    }
 }
 
 /// Display names of a process's function ids (dense), for quick lookup.
@@ -282,6 +324,8 @@ fn graph(
     tree: &CallTree,
     tid: u32,
     names: &[String],
+    filter: &Matcher,
+    notrace: &Matcher,
     o: &ReplayOptions,
     out: &mut dyn Write,
 ) -> io::Result<()> {
@@ -289,10 +333,10 @@ fn graph(
     let hidden = |c: usize, depth: u32| -> bool {
         let call = &tree.calls[c];
         depth >= max_depth
-            || o.notrace.matches(&name(names, call.func))
+            || notrace.matches(call.func)
             || matches!((o.min_ns, call.duration()), (Some(min), Some(d)) if d < min)
     };
-    let root_ctx = if o.filter.is_empty() { Some(0) } else { None };
+    let root_ctx = if filter.is_empty() { Some(0) } else { None };
     let mut work: Vec<Work> = tree
         .roots
         .iter()
@@ -324,13 +368,13 @@ fn graph(
             }
             Work::Visit(Node::Call(c), ctx) => {
                 let call = &tree.calls[c];
-                let n = name(names, call.func);
-                if o.notrace.matches(&n) {
+                if notrace.matches(call.func) {
                     continue;
                 }
+                let n = name(names, call.func);
                 let depth = match ctx {
                     Some(d) => d,
-                    None if o.filter.matches(&n) => 0,
+                    None if filter.matches(call.func) => 0,
                     None => {
                         work.extend(call.children.iter().rev().map(|&k| Work::Visit(k, None)));
                         continue;
@@ -385,7 +429,8 @@ fn flat(
     tree: &CallTree,
     tid: u32,
     names: &[String],
-    o: &ReplayOptions,
+    filter: &Matcher,
+    notrace: &Matcher,
     start: u64,
     out: &mut dyn Write,
 ) -> io::Result<()> {
@@ -400,14 +445,15 @@ fn flat(
             }
             Node::Call(c) => {
                 let call = &tree.calls[c];
-                let n = name(names, call.func);
-                if o.notrace.matches(&n) || (!o.filter.is_empty() && !o.filter.matches(&n)) {
+                if notrace.matches(call.func) || (!filter.is_empty() && !filter.matches(call.func))
+                {
                     continue;
                 }
                 writeln!(
                     out,
-                    " {} [{tid:>6}] | {n}",
-                    fmt_timestamp(call.entry_ns.saturating_sub(start))
+                    " {} [{tid:>6}] | {}",
+                    fmt_timestamp(call.entry_ns.saturating_sub(start)),
+                    name(names, call.func)
                 )?;
             }
         }
@@ -428,6 +474,24 @@ mod tests {
         assert_eq!(fmt_duration(12_345_678), " 12.345 ms");
         assert_eq!(fmt_duration(2_000_000_000), "  2.000  s");
         assert_eq!(fmt_duration(u64::MAX), "18446744073.709  s");
+    }
+
+    #[test]
+    fn demangled_names() {
+        use crate::read::demangle;
+        assert_eq!(demangle("_ZN3foo3barEv").as_deref(), Some("foo::bar"));
+        assert_eq!(demangle("_ZN2ns3FooC2Ei").as_deref(), Some("ns::Foo::Foo"));
+        assert_eq!(demangle("_Z5throwi").as_deref(), Some("throw"));
+        assert_eq!(
+            demangle("_ZN4core3fmt5write17h0123456789abcdefE").as_deref(),
+            Some("core::fmt::write")
+        );
+        assert_eq!(
+            demangle("_RNvCs1234_7mycrate3foo").as_deref(),
+            Some("mycrate::foo")
+        );
+        assert_eq!(demangle("main"), None);
+        assert_eq!(demangle("_Zjunk"), None);
     }
 
     #[test]

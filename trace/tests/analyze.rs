@@ -574,3 +574,62 @@ fn large_trace() {
         per(folded_t)
     );
 }
+
+#[test]
+fn names_are_demangled_and_globs_match_either_form() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["cpp"]);
+    write_process_info(d, 5, 0, 1, "/bin/cpp", None, "");
+    write_syms(
+        d,
+        5,
+        0,
+        &[
+            "main",
+            "_ZN2ns3Foo3barEi",
+            "_ZN4core3fmt5write17h0123456789abcdefE",
+        ],
+    );
+    let ev = [
+        entry(0, 0),
+        entry(1, 1),
+        exit(1, 2),
+        entry(2, 3),
+        exit(2, 4),
+        exit(0, 5),
+    ];
+    std::fs::write(dat_path(d, 5, 0), chunk(5, 0, 0, 0, 0, &ev)).unwrap();
+    let t = Trace::open(d).unwrap();
+    assert_eq!(t.processes[0].symbols[1].name, "_ZN2ns3Foo3barEi");
+    let calls = |o: &ReplayOptions| -> Vec<String> {
+        replay_text(&t, o)
+            .lines()
+            .filter(|l| l.contains(" | "))
+            .map(|l| l[23..].to_string())
+            .collect()
+    };
+    assert_eq!(
+        calls(&ReplayOptions::default()),
+        [
+            "main() {",
+            "  ns::Foo::bar();",
+            "  core::fmt::write();",
+            "} /* main */"
+        ]
+    );
+    for g in ["ns::*", "_ZN2ns*"] {
+        let o = ReplayOptions {
+            filter: globs(&[g]),
+            ..Default::default()
+        };
+        assert_eq!(calls(&o), ["ns::Foo::bar();"], "{g}");
+    }
+    let o = ReplayOptions {
+        notrace: globs(&["core::*"]),
+        ..Default::default()
+    };
+    assert_eq!(calls(&o), ["main() {", "  ns::Foo::bar();", "} /* main */"]);
+    let rows = report::stats(&t, &Select::default());
+    assert!(rows.iter().any(|s| s.name == "ns::Foo::bar"));
+}
