@@ -150,6 +150,10 @@ pub struct ReportOptions {
     pub limit: Option<usize>,
 }
 
+fn plural(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
 /// Writes the table.
 pub fn report(trace: &Trace, opts: &ReportOptions, out: &mut dyn Write) -> io::Result<()> {
     let mut rows = stats(trace, &opts.select);
@@ -168,9 +172,11 @@ pub fn report(trace: &Trace, opts: &ReportOptions, out: &mut dyn Write) -> io::R
     };
     writeln!(
         out,
-        "# ftramp report: {} ({tracer}): {processes} process images, {threads} threads, {} functions; sorted by {key}",
+        "# ftramp report: {} ({tracer}): {}, {}, {}; sorted by {key}",
         trace.dir.display(),
-        rows.len()
+        plural(processes, "process image"),
+        plural(threads, "thread"),
+        plural(rows.len(), "function")
     )?;
     writeln!(out, "#")?;
     writeln!(
