@@ -55,12 +55,24 @@ pub extern "C" fn recursion_thunk(ip: usize, parent_ip: usize, op: &Ops, fregs: 
 /// marked the thread (its prologue): a thread whose PC is there is treated
 /// as inside dispatch by the grace period.
 pub fn thunk_prologues() -> Vec<std::ops::Range<usize>> {
-    const PROLOGUE: usize = 128;
-    [track_thunk as *const () as usize, recursion_thunk as *const () as usize, list_func as *const () as usize]
-        .into_iter()
-        .map(|a| a..a + PROLOGUE)
-        .collect()
+    [
+        track_thunk as *const () as usize,
+        recursion_thunk as *const () as usize,
+        list_func as *const () as usize,
+        crate::fgraph::graph_entry as *const () as usize,
+    ]
+    .into_iter()
+    .map(|a| a..a + THUNK_CODE)
+    .collect()
 }
+
+/// How many bytes from its start count as a thunk's dispatch code (see
+/// [`thunk_prologues`]); `track_thunk` and fgraph's `graph_entry` are
+/// smaller than this whole, also unoptimised (a test checks), so a thread
+/// past their guard's decrement still counts as busy.  Generous on
+/// purpose: covering a few neighbouring runtime instructions only makes a
+/// grace period wait a little longer.
+pub const THUNK_CODE: usize = 512;
 
 /// The thunk for an ops' flags.
 pub fn entry_for(flags: OpsFlags) -> usize {
@@ -102,6 +114,32 @@ pub extern "C" fn list_func(ip: usize, parent_ip: usize, _op: usize, fregs: &mut
     if let Ok(i) = table.entries.binary_search_by_key(&ip, |e| e.0) {
         for op in &table.entries[i].1 {
             call(ip, parent_ip, op, fregs);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object::{Object, ObjectSymbol};
+
+    /// The thunks whose whole code must lie within THUNK_CODE bytes (a
+    /// thread after their guard's decrement still returns into a
+    /// trampoline): measured from this test binary's symbol table, in the
+    /// unoptimised build (the larger; optimised test builds keep no local
+    /// symbols for them).
+    #[cfg(debug_assertions)]
+    #[test]
+    fn thunks_fit_in_their_dispatch_code_range() {
+        // Referencing them keeps them in the binary.
+        assert_eq!(super::thunk_prologues().len(), 4);
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        let file = object::File::parse(&*exe).unwrap();
+        for name in ["8dispatch11track_thunk", "6fgraph11graph_entry"] {
+            let sizes: Vec<u64> = file.symbols().filter(|s| s.name().is_ok_and(|n| n.contains(name))).map(|s| s.size()).collect();
+            assert!(!sizes.is_empty(), "{name} not in the symbol table");
+            for size in sizes {
+                assert!(size > 0 && size as usize <= super::THUNK_CODE, "{name} is {size} bytes, more than THUNK_CODE");
+            }
         }
     }
 }

@@ -704,8 +704,11 @@ fn mask_of(ip: usize) -> u16 {
 
 /// The internal ops' callback, called by the trampolines directly (a raw
 /// entry: it enters dispatch itself and never reads `op`): push a frame,
-/// call the entry callbacks.
-extern "C" fn graph_entry(ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
+/// call the entry callbacks.  Kept tiny, with the work in [`push`]: the
+/// grace period treats its first [`crate::dispatch::THUNK_CODE`] bytes as
+/// dispatch code (a thread there before the guard's increment or after its
+/// decrement still returns into a trampoline that must not be freed).
+pub(crate) extern "C" fn graph_entry(ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
     let _g = DispatchGuard::enter();
     push(shadow(), ip, fregs);
 }
@@ -717,7 +720,7 @@ fn miss(sh: &Shadow) {
     sh.busy.set(false);
 }
 
-#[inline(always)]
+#[inline(never)]
 fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
     if sh.busy.replace(true) {
         RECURSION_MISSES.fetch_add(1, Relaxed);
