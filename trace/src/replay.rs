@@ -157,28 +157,39 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions, out: &mut dyn Write) -> io::R
     } else {
         trace.info.tracer.as_str()
     };
+    let mut out = Lazy {
+        w: out,
+        pending: String::new(),
+    };
     writeln!(
         out,
         "# ftramp replay: {} ({tracer}): {}",
         trace.dir.display(),
         trace.info.command.join(" ")
     )?;
+    // With filters, processes and threads that show nothing are left out.
+    let filtering = !opts.filter.is_empty() || !opts.notrace.is_empty() || opts.min_ns.is_some();
     let start = trace.start_ns();
     for p in trace.processes.iter().filter(|p| opts.select.process(p)) {
-        writeln!(out, "#")?;
-        writeln!(out, "{}", process_line(p))?;
+        out.pending = format!("#\n{}\n", process_line(p));
+        if !filtering {
+            out.emit_pending()?;
+        }
         let names: Vec<String> = names_of(p);
         let filter = Matcher::new(&opts.filter, p, &names);
         let notrace = Matcher::new(&opts.notrace, p, &names);
         for t in p.threads.iter().filter(|t| opts.select.thread(t)) {
-            writeln!(out)?;
+            let mark = out.pending.len();
+            out.pending.push('\n');
             if let Some(note) = thread_note(t) {
-                writeln!(out, "# thread {}: {note}", t.tid)?;
+                out.pending
+                    .push_str(&format!("# thread {}: {note}\n", t.tid));
             }
             let tree = CallTree::build(t, has_exits);
             if has_exits {
-                writeln!(out, "{GRAPH_HEADER}")?;
-                graph(&tree, t.tid, &names, &filter, &notrace, opts, out)?;
+                out.pending.push_str(GRAPH_HEADER);
+                out.pending.push('\n');
+                graph(&tree, t.tid, &names, &filter, &notrace, opts, &mut out)?;
                 if tree.unmatched_exits > 0 {
                     writeln!(
                         out,
@@ -187,12 +198,48 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions, out: &mut dyn Write) -> io::R
                     )?;
                 }
             } else {
-                writeln!(out, "{FLAT_HEADER}")?;
-                flat(&tree, t.tid, &names, &filter, &notrace, start, out)?;
+                out.pending.push_str(FLAT_HEADER);
+                out.pending.push('\n');
+                flat(&tree, t.tid, &names, &filter, &notrace, start, &mut out)?;
             }
+            // Nothing shown: drop the thread's header lines.
+            out.pending.truncate(mark);
         }
+        out.pending.clear();
     }
     Ok(())
+}
+
+/// A writer that writes its pending header lines before the first thing written.
+struct Lazy<'a> {
+    w: &'a mut dyn Write,
+    pending: String,
+}
+
+impl Lazy<'_> {
+    fn emit_pending(&mut self) -> io::Result<()> {
+        if !self.pending.is_empty() {
+            self.w.write_all(self.pending.as_bytes())?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+}
+
+impl Write for Lazy<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.emit_pending()?;
+        self.w.write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.emit_pending()?;
+        self.w.write_all(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
+    }
 }
 
 /// Which function ids of a process match a [`Globs`] (by display or raw symbol name),

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use ftramp_trace::dump::{self, FoldOptions};
-use ftramp_trace::replay::{self, Globs, ReplayOptions, Select};
+use ftramp_trace::replay::{self, Globs, ReplayOptions, Select, GRAPH_HEADER};
 use ftramp_trace::report::{self, ReportOptions, SortKey};
 use ftramp_trace::{EventKind, Trace};
 use std::collections::HashMap;
@@ -99,6 +99,20 @@ fn replay_filters() {
             "   1.000 us [   100] | } /* a */",
             "   0.100 us [   102] | a();",
         ]
+    );
+    // Threads (and processes) showing nothing are left out.
+    assert!(
+        !text.contains("[   101]") && text.matches(GRAPH_HEADER).count() == 2,
+        "{text}"
+    );
+    let o = ReplayOptions {
+        filter: globs(&["worker"]),
+        ..Default::default()
+    };
+    let text = replay_text(&t, &o);
+    assert!(
+        !text.contains("process 102") && text.matches(GRAPH_HEADER).count() == 1,
+        "{text}"
     );
 
     // -N 'a' hides a's subtree; --depth 1 makes main a leaf; --tid selects one thread.
