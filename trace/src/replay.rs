@@ -283,13 +283,15 @@ impl<'a> Matcher<'a> {
 }
 
 /// Display names of a process's function ids (dense), for quick lookup.
+/// Ids are dense from 0; a damaged `.sym` line with a huge id does not make the table huge
+/// (such an id is shown as `#id`).
 pub(crate) fn names_of(p: &Process) -> Vec<String> {
     let max = p
         .symbols
         .last()
         .map(|s| s.id as usize + 1)
         .unwrap_or(0)
-        .min(1 << 24);
+        .min(p.symbols.len() + 4096);
     (0..max as u32).map(|id| p.func_name(id)).collect()
 }
 

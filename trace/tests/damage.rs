@@ -476,3 +476,17 @@ fn garbage_files_never_panic() {
         read_everything(dir.path());
     }
 }
+
+#[test]
+fn a_huge_symbol_id_does_not_blow_up() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let sym = dir.path().join(format::task_file_name(100, 0, "sym"));
+    let text = std::fs::read_to_string(&sym).unwrap();
+    std::fs::write(&sym, format!("{text}4000000000 1 0 far /bin/demo\n")).unwrap();
+    let t = Trace::open(dir.path()).unwrap();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(t.processes[0].func_name(4_000_000_000), "far");
+    let lines = dump::folded(&t, &FoldOptions::default());
+    assert_eq!(lines.len(), 10);
+}
