@@ -10,6 +10,8 @@ mod analyze;
 
 mod demo;
 
+mod record;
+
 /// `println!` that ends the program quietly when stdout is closed (a pager
 /// or `head` that stopped reading), instead of panicking.
 macro_rules! out {
@@ -95,6 +97,9 @@ enum Cmd {
         #[arg(long, conflicts_with = "variant")]
         all: bool,
     },
+    /// Run a program and record its function calls into a trace directory
+    /// (`ftramp record [options] -- PROG ARGS...`; exits with the program's status).
+    Record(record::RecordArgs),
     /// Print a recorded trace as a call graph, ftrace `function_graph` style: durations,
     /// indented `{`/`}` per call, one section per process and thread.
     Replay(analyze::ReplayArgs),
@@ -199,6 +204,7 @@ fn main() -> Result<()> {
             let site = if callsite { &spec.raw.site.callsite_flags } else { &spec.raw.site.flags };
             out!("{site} -fno-ipa-ra");
         }
+        Cmd::Record(a) => std::process::exit(record::run(a)?),
         Cmd::Replay(a) => analyze::replay(a)?,
         Cmd::Report(a) => analyze::report(a)?,
         Cmd::Dump(a) => analyze::dump(a)?,

@@ -477,6 +477,42 @@ pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
     Ok((n * mul).round() as u64)
 }
 
+/// The environment `ftramp record` passes to the recorder library (see the
+/// recorder's `options` module for what each means).
+pub mod record_env {
+    pub const DIR: &str = "FTRAMP_RECORD_DIR";
+    pub const TRACER: &str = "FTRAMP_TRACER";
+    pub const FILTER: &str = "FTRAMP_FILTER";
+    pub const NOTRACE: &str = "FTRAMP_NOTRACE";
+    pub const DEPTH: &str = "FTRAMP_DEPTH";
+    pub const MIN_DURATION: &str = "FTRAMP_MIN_DURATION";
+    pub const MAIN_ONLY: &str = "FTRAMP_MAIN_ONLY";
+    pub const BUFFER_SIZE: &str = "FTRAMP_BUFFER_SIZE";
+    pub const BUFFERS: &str = "FTRAMP_BUFFERS";
+    pub const RECORD_PID: &str = "FTRAMP_RECORD_PID";
+
+    pub const DEFAULT_BUFFER_SIZE: usize = 128 << 10;
+    pub const MIN_BUFFER_SIZE: usize = 4 << 10;
+    pub const MAX_BUFFER_SIZE: usize = 16 << 20;
+    pub const DEFAULT_BUFFERS: usize = 64;
+    pub const MAX_BUFFERS: usize = 65536;
+}
+
+/// What to say when a program has no patch sites: `site_flags` are the
+/// host arch's (`ftramp cflags`).
+pub fn no_sites_advice(exe: &str, site_flags: &str) -> String {
+    let n = site_flags
+        .split('=')
+        .nth(1)
+        .and_then(|v| v.split([',', ' ']).next())
+        .unwrap_or("5");
+    format!(
+        "{exe} has no patchable function entries, so nothing in it is traced. Build C/C++ with \
+         `{site_flags} -fno-ipa-ra` (`ftramp cflags`); Rust (nightly) with \
+         RUSTFLAGS=\"-Z patchable-function-entry={n}\""
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -679,6 +715,16 @@ mod tests {
             ..SymLine::parse("1 0 0 f m").unwrap()
         };
         assert_eq!(SymLine::parse(&spaced.to_line()).unwrap().symbol, "a_b");
+    }
+
+    #[test]
+    fn advice_names_the_flags() {
+        let a = no_sites_advice("/bin/x", "-fpatchable-function-entry=2");
+        assert!(
+            a.contains("/bin/x") && a.contains("-fpatchable-function-entry=2 -fno-ipa-ra"),
+            "{a}"
+        );
+        assert!(a.contains("patchable-function-entry=2\""), "{a}");
     }
 
     #[test]

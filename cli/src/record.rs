@@ -1,0 +1,349 @@
+//! `ftramp record [options] -- PROG ARGS…`: runs PROG with the recorder
+//! library preloaded (`libftramp_recorder.so`, options in the environment)
+//! and leaves a trace directory for `ftramp replay|report|dump`.
+
+use anyhow::{bail, Context, Result};
+use ftramp_trace::format::record_env as env;
+use ftramp_trace::format::{parse_duration_ns, parse_size};
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The recorder library's file name.
+pub const PRELOAD_NAME: &str = "libftramp_recorder.so";
+/// Environment variable naming the recorder library to use.
+pub const ENV_PRELOAD: &str = "FTRAMP_PRELOAD";
+
+#[derive(clap::Args)]
+pub struct RecordArgs {
+    /// Trace directory (replaced if it holds an old trace; a directory that
+    /// is not a trace is refused).
+    #[arg(short = 'o', long, value_name = "DIR", default_value = "ftramp.data")]
+    output: PathBuf,
+    /// `function_graph`: entries and exits with durations; `function`: entries only.
+    #[arg(short = 't', long, default_value = "function_graph", value_parser = ["function_graph", "function"])]
+    tracer: String,
+    /// Trace only these functions (glob or symbol; repeatable).
+    #[arg(short = 'F', long = "filter", value_name = "GLOB")]
+    filter: Vec<String>,
+    /// Do not trace these functions (glob or symbol; repeatable).
+    #[arg(short = 'N', long = "notrace", value_name = "GLOB")]
+    notrace: Vec<String>,
+    /// Record calls up to this nesting depth (1: outermost traced calls only; function_graph).
+    #[arg(short = 'D', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    depth: Option<u64>,
+    /// Drop calls shorter than this (e.g. 10us, 1.5ms; function_graph).
+    #[arg(long, value_name = "TIME")]
+    min_duration: Option<String>,
+    /// Only the main executable's functions (not its libraries').
+    #[arg(long)]
+    main_only: bool,
+    /// Bytes per thread buffer, e.g. 64K, 1M (4K..16M; default 128K).
+    #[arg(long, value_name = "SIZE")]
+    buffer_size: Option<String>,
+    /// Buffers in the pool all threads share (default 64).
+    #[arg(long, value_name = "N")]
+    buffers: Option<usize>,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROG ARGS"
+    )]
+    command: Vec<OsString>,
+}
+
+/// Finds the recorder library: `$FTRAMP_PRELOAD`, else next to this
+/// executable, else in its `deps/` (cargo's layout).
+pub fn find_preload() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(ENV_PRELOAD).filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("{ENV_PRELOAD}={} does not name a file", p.display());
+        }
+        return Ok(std::fs::canonicalize(&p).unwrap_or(p));
+    }
+    let exe = std::env::current_exe().context("cannot find the ftramp executable's path")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    // Cargo leaves the library in deps/ when it is built as the CLI's
+    // dependency, and next to the binary when built by itself: take the newer.
+    let candidates = [dir.join(PRELOAD_NAME), dir.join("deps").join(PRELOAD_NAME)];
+    let newest = candidates
+        .iter()
+        .filter_map(|c| {
+            Some((
+                c.metadata().ok().filter(|m| m.is_file())?.modified().ok()?,
+                c,
+            ))
+        })
+        .max_by_key(|(t, _)| *t);
+    if let Some((_, c)) = newest {
+        return Ok(c.clone());
+    }
+    bail!(
+        "the recorder library {PRELOAD_NAME} was not found (looked for {} and {}); it is built with the CLI: \
+         `cargo build --release -p ftramp` puts it in target/release/, or set {ENV_PRELOAD}=/path/to/{PRELOAD_NAME}",
+        candidates[0].display(),
+        candidates[1].display()
+    )
+}
+
+/// `prog` as `execvp` would find it, or an error naming it.
+fn find_program(prog: &std::ffi::OsStr) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let p = Path::new(prog);
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if p.as_os_str().as_encoded_bytes().contains(&b'/') {
+        if executable(p) {
+            return Ok(p.to_path_buf());
+        }
+        bail!("program not found or not executable: {}", p.display());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let c = dir.join(p);
+        if executable(&c) {
+            return Ok(c);
+        }
+    }
+    bail!("program not found: {} (not in PATH)", p.display())
+}
+
+/// Makes `dir` an empty trace directory: an old trace (it has `info`) is
+/// replaced, an empty directory used, anything else refused.
+fn prepare_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        if !dir.is_dir() {
+            bail!("{} exists and is not a directory", dir.display());
+        }
+        let is_trace =
+            std::fs::read_to_string(dir.join("info")).is_ok_and(|t| t.contains("version"));
+        let empty = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .next()
+            .is_none();
+        if is_trace {
+            std::fs::remove_dir_all(dir)
+                .with_context(|| format!("removing the old trace {}", dir.display()))?;
+        } else if !empty {
+            bail!("refusing to overwrite {}: it is not empty and not an ftramp trace directory (no `info` file)", dir.display());
+        }
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
+fn toml_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\x7f' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn toml_list(items: &[String]) -> String {
+    format!(
+        "[{}]",
+        items
+            .iter()
+            .map(|s| toml_str(s))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Runs `ftramp record`; returns the exit code to end with (the program's).
+pub fn run(a: RecordArgs) -> Result<i32> {
+    let graph = a.tracer == "function_graph";
+    if !graph && a.depth.is_some() {
+        bail!("--depth needs the function_graph tracer (the function tracer sees no returns, so no depth)");
+    }
+    if !graph && a.min_duration.is_some() {
+        bail!("--min-duration needs the function_graph tracer (the function tracer records no durations)");
+    }
+    let min_ns = match &a.min_duration {
+        Some(d) => parse_duration_ns(d).map_err(|e| anyhow::anyhow!("--min-duration: {e}"))?,
+        None => 0,
+    };
+    let buffer_size = match &a.buffer_size {
+        Some(s) => {
+            let n = parse_size(s).map_err(|e| anyhow::anyhow!("--buffer-size: {e}"))?;
+            if !(env::MIN_BUFFER_SIZE as u64..=env::MAX_BUFFER_SIZE as u64).contains(&n) {
+                bail!("--buffer-size {s}: must be between 4K and 16M");
+            }
+            n
+        }
+        None => env::DEFAULT_BUFFER_SIZE as u64,
+    };
+    if let Some(n) = a.buffers {
+        if !(2..=env::MAX_BUFFERS).contains(&n) {
+            bail!("--buffers {n}: must be between 2 and {}", env::MAX_BUFFERS);
+        }
+    }
+    for g in a.filter.iter().chain(&a.notrace) {
+        ftramp_runtime::ops::Filter::new()
+            .parse(g)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if g.contains(|c: char| c == ';' || c.is_whitespace()) {
+            bail!("bad filter `{g}`: function names have no spaces or `;`");
+        }
+    }
+    let prog = find_program(&a.command[0])?;
+    let preload = find_preload()?;
+    prepare_dir(&a.output)?;
+    let dir = std::fs::canonicalize(&a.output)
+        .with_context(|| format!("resolving {}", a.output.display()))?;
+
+    // One clock calibration for every process of the trace.
+    let clock = ftramp_runtime::clock::clock();
+    let command: Vec<String> = a
+        .command
+        .iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    let mut info = String::new();
+    let _ = writeln!(
+        info,
+        "version = 1\ntracer = {}\ncommand = {}\nclock = \"{}\"",
+        toml_str(&a.tracer),
+        toml_list(&command),
+        clock.kind.name()
+    );
+    let _ = writeln!(
+        info,
+        "\n[options]\nfilter = {}\nnotrace = {}",
+        toml_list(&a.filter),
+        toml_list(&a.notrace)
+    );
+    if let Some(d) = a.depth {
+        let _ = writeln!(info, "depth = {d}");
+    }
+    let _ = writeln!(
+        info,
+        "min_duration_ns = {min_ns}\nmain_only = {}\nbuffer_size = {buffer_size}",
+        a.main_only
+    );
+    std::fs::write(dir.join("info"), info)
+        .with_context(|| format!("writing {}", dir.join("info").display()))?;
+
+    let mut ld_preload = preload.clone().into_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        ld_preload.push(" ");
+        ld_preload.push(old);
+    }
+    let mut cmd = Command::new(&prog);
+    cmd.arg0(&a.command[0]).args(&a.command[1..]);
+    cmd.env("LD_PRELOAD", ld_preload)
+        .env(env::DIR, &dir)
+        .env(env::TRACER, &a.tracer)
+        .env(env::FILTER, a.filter.join(" "))
+        .env(env::NOTRACE, a.notrace.join(" "))
+        .env(env::MIN_DURATION, min_ns.to_string())
+        .env(env::MAIN_ONLY, if a.main_only { "1" } else { "0" })
+        .env(env::BUFFER_SIZE, buffer_size.to_string())
+        .env(env::RECORD_PID, std::process::id().to_string())
+        .env(ftramp_runtime::clock::ENV, clock.env_value());
+    match a.depth {
+        Some(d) => cmd.env(env::DEPTH, d.to_string()),
+        None => cmd.env_remove(env::DEPTH),
+    };
+    match a.buffers {
+        Some(n) => cmd.env(env::BUFFERS, n.to_string()),
+        None => cmd.env_remove(env::BUFFERS),
+    };
+    use std::os::unix::process::CommandExt as _;
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {}", prog.display()))?;
+
+    let summary = summarize(&dir);
+    if summary.images > 0 && summary.sites == 0 {
+        eprintln!("ftramp record: {}", no_sites_advice(&prog));
+    }
+    let code = match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(s)) => {
+            eprintln!("ftramp record: {} was killed by signal {s}", prog.display());
+            128 + s
+        }
+        _ => 1,
+    };
+    eprintln!(
+        "ftramp record: {} process image{} recorded in {}{}",
+        summary.images,
+        if summary.images == 1 { "" } else { "s" },
+        a.output.display(),
+        if summary.lost > 0 {
+            format!(
+                " ({} events lost: try a larger --buffer-size or --buffers)",
+                summary.lost
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(code)
+}
+
+struct Summary {
+    images: usize,
+    sites: u64,
+    lost: u64,
+}
+
+/// Counts the images, their sites and lost events from the `.info` files.
+fn summarize(dir: &Path) -> Summary {
+    let mut s = Summary {
+        images: 0,
+        sites: 0,
+        lost: 0,
+    };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return s;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !matches!(
+            ftramp_trace::format::parse_task_file_name(&name),
+            Some((_, _, "info"))
+        ) {
+            continue;
+        }
+        s.images += 1;
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let num = |key: &str| {
+            text.lines()
+                .filter_map(|l| {
+                    l.strip_prefix(key)?
+                        .trim_start()
+                        .strip_prefix('=')?
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .last()
+                .unwrap_or(0)
+        };
+        s.sites += num("sites");
+        s.lost += num("lost");
+    }
+    s
+}
+
+fn no_sites_advice(prog: &Path) -> String {
+    let flags = ftramp_runtime::host_spec().raw.site.flags.clone();
+    ftramp_trace::format::no_sites_advice(&prog.display().to_string(), &flags)
+}

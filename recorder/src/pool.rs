@@ -1,0 +1,599 @@
+//! Per-thread event buffers from one preallocated pool, and the hot path
+//! that appends an event to the calling thread's buffer.
+//!
+//! ```text
+//!  pool (one mmap, NORESERVE): N buffers of `stride` bytes
+//!  ┌────────────────┬─────────────────────────────┐
+//!  │ chunk header   │ payload: u64 events ...     │  × N
+//!  │ (32 bytes)     │ (stride - 32 bytes)         │
+//!  └────────────────┴─────────────────────────────┘
+//!  state[i]: FREE → OWNED (a thread writes it) → FULL(ticket) → FREE (written)
+//! ```
+//!
+//! A thread owns one buffer at a time and appends to it with plain stores
+//! (its [`Slot`]'s `pos` is published with a release store, so a crash
+//! flush on another thread sees only complete events).  When it is full
+//! the thread writes the chunk header in front of the payload, marks the
+//! buffer FULL with a ticket (handoff order) and takes a FREE one; the
+//! writer thread writes FULL buffers in ticket order with one `write(2)`
+//! each and frees them.  No locks, no syscalls, no allocation on the
+//! tracing path.  No FREE buffer: the event is counted as lost, and the
+//! count goes into the header of the thread's next chunk.
+//!
+//! Whoever writes chunks to the `.dat` file holds [`IoLock`]: the writer
+//! thread per chunk, the exit/exec/crash flush for the whole flush, so
+//! chunks of one thread reach the file in `seq` order.
+
+use ftramp_trace::format::{ChunkHeader, Event, CHUNK_HEADER_SIZE};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+
+/// Threads recorded at once (a thread's slot is reused after it exits).
+pub const MAX_THREADS: usize = 4096;
+const NO_BUF: u32 = u32::MAX;
+
+const FREE: u64 = 0;
+const OWNED: u64 = 1;
+const FULL: u64 = 2;
+
+/// Slot claim word (`Slot::busy`).
+const IDLE: u32 = 0;
+const IN_SLOW_PATH: u32 = 1;
+const CLOSED: u32 = 2;
+
+/// The buffers.
+pub struct Pool {
+    base: *mut u8,
+    stride: usize,
+    n: usize,
+    states: Box<[AtomicU64]>,
+}
+
+// SAFETY: the raw pointer is to a process-lifetime mapping; who may touch
+// which buffer is decided by the atomic `states`.
+unsafe impl Sync for Pool {}
+// SAFETY: as above.
+unsafe impl Send for Pool {}
+
+static POOL: AtomicPtr<Pool> = AtomicPtr::new(std::ptr::null_mut());
+static TICKET: AtomicU64 = AtomicU64::new(1);
+/// Where acquiring starts scanning (spreads threads over the pool).
+static HINT: AtomicUsize = AtomicUsize::new(0);
+/// Set by the final flush: no buffer is handed out any more.
+static STOPPED: AtomicBool = AtomicBool::new(false);
+/// Events lost outside any slot (no slot free, or a thread already torn down).
+static LOST_UNSLOTTED: AtomicU64 = AtomicU64::new(0);
+
+impl Pool {
+    /// Maps `n` buffers of `size` bytes (header included) and publishes the pool.
+    pub fn install(size: usize, n: usize) -> Result<&'static Pool, String> {
+        let stride = size.max(CHUNK_HEADER_SIZE + 64) & !7;
+        let len = stride.checked_mul(n).ok_or("buffer pool too large")?;
+        // SAFETY: a fresh private anonymous mapping aliases nothing; pages
+        // are touched (and become resident) only when a buffer is used.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!(
+                "cannot map {n} buffers of {size} bytes: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let pool = Box::leak(Box::new(Pool {
+            base: p as *mut u8,
+            stride,
+            n,
+            states: (0..n).map(|_| AtomicU64::new(FREE)).collect(),
+        }));
+        POOL.store(pool, Release);
+        Ok(pool)
+    }
+
+    pub fn get() -> Option<&'static Pool> {
+        let p = POOL.load(Acquire);
+        // SAFETY: set once from a leaked Box, never freed.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    fn buf(&self, i: usize) -> *mut u8 {
+        debug_assert!(i < self.n);
+        // SAFETY: `i < n`, inside the mapping.
+        unsafe { self.base.add(i * self.stride) }
+    }
+
+    fn payload_words(&self) -> u32 {
+        ((self.stride - CHUNK_HEADER_SIZE) / 8) as u32
+    }
+
+    /// Takes a FREE buffer.
+    fn acquire(&self) -> Option<usize> {
+        let start = HINT.fetch_add(1, Relaxed);
+        (0..self.n).map(|k| (start + k) % self.n).find(|&i| {
+            self.states[i]
+                .compare_exchange(FREE, OWNED, Acquire, Relaxed)
+                .is_ok()
+        })
+    }
+
+    /// The oldest FULL buffer (smallest ticket).
+    fn oldest_full(&self) -> Option<usize> {
+        let mut best: Option<(u64, usize)> = None;
+        for (i, s) in self.states.iter().enumerate() {
+            let v = s.load(Acquire);
+            if v & 3 == FULL && best.is_none_or(|(t, _)| v >> 2 < t) {
+                best = Some((v >> 2, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// Writes the oldest FULL buffer to `fd` and frees it; false when none
+    /// is FULL.  The caller holds the [`IoLock`].
+    pub fn write_one(&self, fd: i32) -> bool {
+        let Some(i) = self.oldest_full() else {
+            return false;
+        };
+        let len = CHUNK_HEADER_SIZE + chunk_len(self.buf(i));
+        write_all(fd, self.buf(i), len);
+        self.states[i].store(FREE, Release);
+        true
+    }
+
+    /// Frees every buffer and empties every slot except `keep` (a fork child:
+    /// the parent's unwritten events are the parent's).
+    pub fn reset_after_fork(&self, keep: *const Slot, now: u64) {
+        for s in self.states.iter() {
+            s.store(FREE, Relaxed);
+        }
+        for slot in SLOTS.iter() {
+            if std::ptr::eq(slot, keep) {
+                continue;
+            }
+            slot.busy.store(IDLE, Relaxed);
+            slot.in_use.store(0, Relaxed);
+            slot.clear();
+        }
+        STOPPED.store(false, Relaxed);
+        LOST_UNSLOTTED.store(0, Relaxed);
+        if let Some(slot) = (!keep.is_null()).then(|| {
+            // SAFETY: `keep` points into SLOTS.
+            unsafe { &*keep }
+        }) {
+            let b = slot.buf.load(Relaxed);
+            slot.clear();
+            slot.busy.store(IDLE, Relaxed);
+            slot.tid.store(gettid(), Relaxed);
+            if b != NO_BUF {
+                self.states[b as usize].store(OWNED, Relaxed);
+                slot.take(self, b as usize, now);
+            }
+        }
+        IO_LOCK.0.store(0, Release);
+    }
+}
+
+/// The chunk length (payload bytes) recorded in a buffer's header.
+fn chunk_len(buf: *const u8) -> usize {
+    let mut h = [0u8; CHUNK_HEADER_SIZE];
+    // SAFETY: the header is the first 32 bytes of the buffer.
+    unsafe { std::ptr::copy_nonoverlapping(buf, h.as_mut_ptr(), CHUNK_HEADER_SIZE) };
+    u32::from_le_bytes([h[16], h[17], h[18], h[19]]) as usize
+}
+
+/// `write(2)` until done or an error (async-signal-safe).
+pub fn write_all(fd: i32, mut p: *const u8, mut len: usize) -> bool {
+    while len > 0 {
+        // SAFETY: `p..p+len` is readable memory the caller owns.
+        let n = unsafe { libc::write(fd, p as *const libc::c_void, len) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return false;
+        }
+        // SAFETY: n <= len bytes were written.
+        p = unsafe { p.add(n as usize) };
+        len -= n as usize;
+    }
+    true
+}
+
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// One recorded thread.  Hot fields first; the owner thread writes them
+/// with relaxed atomics (plain stores), flushes on other threads read them.
+#[repr(C, align(64))]
+pub struct Slot {
+    /// Committed events in the current buffer.
+    pos: AtomicU32,
+    /// Words the current buffer holds (0: none).
+    cap: AtomicU32,
+    words: AtomicPtr<u64>,
+    /// Ticks of the last event written.
+    prev: AtomicU64,
+    buf: AtomicU32,
+    tid: AtomicU32,
+    seq: AtomicU32,
+    in_use: AtomicU32,
+    busy: AtomicU32,
+    /// Ticks in the current chunk's header.
+    start: AtomicU64,
+    /// Events lost before the current chunk (goes into its header).
+    chunk_lost: AtomicU64,
+    /// Events lost while the thread had no buffer (goes into the next chunk).
+    lost_pending: AtomicU64,
+    lost_total: AtomicU64,
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            pos: AtomicU32::new(0),
+            cap: AtomicU32::new(0),
+            words: AtomicPtr::new(std::ptr::null_mut()),
+            prev: AtomicU64::new(0),
+            buf: AtomicU32::new(NO_BUF),
+            tid: AtomicU32::new(0),
+            seq: AtomicU32::new(0),
+            in_use: AtomicU32::new(0),
+            busy: AtomicU32::new(IDLE),
+            start: AtomicU64::new(0),
+            chunk_lost: AtomicU64::new(0),
+            lost_pending: AtomicU64::new(0),
+            lost_total: AtomicU64::new(0),
+        }
+    }
+
+    fn clear(&self) {
+        self.cap.store(0, Relaxed);
+        self.pos.store(0, Relaxed);
+        self.words.store(std::ptr::null_mut(), Relaxed);
+        self.buf.store(NO_BUF, Relaxed);
+        self.seq.store(0, Relaxed);
+        self.chunk_lost.store(0, Relaxed);
+        self.lost_pending.store(0, Relaxed);
+        self.lost_total.store(0, Relaxed);
+    }
+
+    /// Starts writing into buffer `i` (OWNED by this slot).
+    fn take(&self, pool: &Pool, i: usize, now: u64) {
+        let words = pool.buf(i).wrapping_add(CHUNK_HEADER_SIZE) as *mut u64;
+        self.buf.store(i as u32, Relaxed);
+        self.words.store(words, Relaxed);
+        self.start.store(now, Relaxed);
+        self.prev.store(now, Relaxed);
+        self.pos.store(0, Release);
+        let lost = self.lost_pending.swap(0, Relaxed);
+        let mut cap = pool.payload_words();
+        if lost > u32::MAX as u64 {
+            // The header holds 32 bits; the rest goes into a LOST event.
+            let [a, b] = Event::lost(lost - u32::MAX as u64);
+            // SAFETY: a buffer holds at least 8 words (Pool::install).
+            unsafe {
+                words.write(a);
+                words.add(1).write(b);
+            }
+            self.pos.store(2, Release);
+            self.chunk_lost.store(u32::MAX as u64, Relaxed);
+        } else {
+            self.chunk_lost.store(lost, Relaxed);
+        }
+        cap = cap.max(2);
+        self.cap.store(cap, Relaxed);
+    }
+
+    /// Writes the chunk header into the current buffer; returns its index.
+    fn seal(&self, pool: &Pool, flags: u16) -> Option<usize> {
+        let b = self.buf.load(Relaxed);
+        if b == NO_BUF {
+            return None;
+        }
+        let h = ChunkHeader {
+            flags,
+            tid: self.tid.load(Relaxed),
+            seq: self.seq.fetch_add(1, Relaxed),
+            len: self.pos.load(Acquire) * 8,
+            lost: self.chunk_lost.load(Relaxed).min(u32::MAX as u64) as u32,
+            time: self.start.load(Relaxed),
+        }
+        .encode();
+        // SAFETY: the first 32 bytes of a buffer this slot owns.
+        unsafe {
+            std::ptr::copy_nonoverlapping(h.as_ptr(), pool.buf(b as usize), CHUNK_HEADER_SIZE)
+        };
+        Some(b as usize)
+    }
+
+    /// Hands the current buffer to the writer (FULL, in ticket order).
+    fn hand_off(&self, pool: &Pool, flags: u16) {
+        if let Some(b) = self.seal(pool, flags) {
+            self.cap.store(0, Relaxed);
+            self.buf.store(NO_BUF, Relaxed);
+            self.words.store(std::ptr::null_mut(), Relaxed);
+            let t = TICKET.fetch_add(1, Relaxed);
+            pool.states[b].store(FULL | t << 2, Release);
+        }
+    }
+
+    fn count_lost(&self, n: u64) {
+        self.lost_pending.fetch_add(n, Relaxed);
+        self.lost_total.fetch_add(n, Relaxed);
+    }
+}
+
+static SLOTS: [Slot; MAX_THREADS] = [const { Slot::new() }; MAX_THREADS];
+
+thread_local! {
+    /// This thread's slot (null until its first event).
+    static CUR: Cell<*const Slot> = const { Cell::new(std::ptr::null()) };
+    /// Releases the slot at thread exit (registered with the slot).
+    static GUARD: SlotGuard = const { SlotGuard };
+}
+
+struct SlotGuard;
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        // glibc runs the main thread's TLS destructors at `exit` before the
+        // atexit handlers, which may still call traced functions: the main
+        // thread keeps its slot until the final flush.
+        if gettid() == std::process::id() {
+            return;
+        }
+        let Ok(p) = CUR.try_with(|c| c.replace(std::ptr::null())) else {
+            return;
+        };
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: CUR only ever points into SLOTS.
+        let slot = unsafe { &*p };
+        if slot
+            .busy
+            .compare_exchange(IDLE, IN_SLOW_PATH, Acquire, Relaxed)
+            .is_ok()
+        {
+            if let Some(pool) = Pool::get() {
+                if slot.buf.load(Relaxed) == NO_BUF
+                    && slot.lost_pending.load(Relaxed) > 0
+                    && !STOPPED.load(Relaxed)
+                {
+                    // An empty last chunk carries the losses.
+                    if let Some(i) = pool.acquire() {
+                        slot.take(pool, i, ftramp_runtime::clock::ticks());
+                    }
+                }
+                slot.hand_off(pool, ftramp_trace::format::FLAG_LAST);
+            }
+            RETIRED_LOST.fetch_add(slot.lost_total.load(Relaxed), Relaxed);
+            slot.clear();
+            slot.busy.store(IDLE, Release);
+            slot.in_use.store(0, Release);
+        }
+    }
+}
+
+/// Lost events of threads that exited.
+static RETIRED_LOST: AtomicU64 = AtomicU64::new(0);
+
+/// Appends one ENTRY/EXIT word (`base` = the word with delta 0) at `now`.
+#[inline(always)]
+pub fn emit(base: u64, now: u64) {
+    let p = CUR.with(|c| c.get());
+    if !p.is_null() {
+        // SAFETY: CUR only ever points into SLOTS.
+        let slot = unsafe { &*p };
+        let pos = slot.pos.load(Relaxed);
+        let delta = now.wrapping_sub(slot.prev.load(Relaxed));
+        if pos < slot.cap.load(Relaxed) && delta <= u32::MAX as u64 {
+            // SAFETY: pos < cap, the payload words of the buffer this
+            // thread owns.
+            unsafe {
+                slot.words
+                    .load(Relaxed)
+                    .add(pos as usize)
+                    .write(base | delta << 32)
+            };
+            slot.prev.store(now, Relaxed);
+            slot.pos.store(pos + 1, Release);
+            return;
+        }
+    }
+    emit_slow(p, base, now)
+}
+
+/// Counts `n` events lost on this thread (e.g. no function id).
+pub fn lose(n: u64) {
+    let p = CUR.with(|c| c.get());
+    if p.is_null() {
+        LOST_UNSLOTTED.fetch_add(n, Relaxed);
+    } else {
+        // SAFETY: CUR only ever points into SLOTS.
+        unsafe { &*p }.count_lost(n);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn emit_slow(p: *const Slot, base: u64, now: u64) {
+    let Some(pool) = Pool::get() else { return };
+    let slot = if p.is_null() {
+        match claim_slot() {
+            Some(s) => s,
+            None => {
+                LOST_UNSLOTTED.fetch_add(1, Relaxed);
+                return;
+            }
+        }
+    } else {
+        // SAFETY: CUR only ever points into SLOTS.
+        unsafe { &*p }
+    };
+    if slot
+        .busy
+        .compare_exchange(IDLE, IN_SLOW_PATH, Acquire, Relaxed)
+        .is_err()
+    {
+        // Closed by the final flush, or a signal handler interrupted our
+        // own slow path.
+        slot.count_lost(1);
+        return;
+    }
+    let delta = now.wrapping_sub(slot.prev.load(Relaxed));
+    let need = if delta <= u32::MAX as u64 { 1 } else { 3 };
+    if slot.buf.load(Relaxed) != NO_BUF && slot.pos.load(Relaxed) + need > slot.cap.load(Relaxed) {
+        slot.hand_off(pool, 0);
+    }
+    if slot.buf.load(Relaxed) == NO_BUF {
+        match (!STOPPED.load(Relaxed)).then(|| pool.acquire()).flatten() {
+            Some(i) => slot.take(pool, i, now),
+            None => {
+                slot.count_lost(1);
+                slot.busy.store(IDLE, Release);
+                return;
+            }
+        }
+    }
+    let words = slot.words.load(Relaxed);
+    let mut pos = slot.pos.load(Relaxed) as usize;
+    let delta = now.wrapping_sub(slot.prev.load(Relaxed));
+    let w = if delta <= u32::MAX as u64 {
+        base | delta << 32
+    } else {
+        for w in Event::time(now) {
+            // SAFETY: a fresh buffer or pos + 3 <= cap (checked above).
+            unsafe { words.add(pos).write(w) };
+            pos += 1;
+        }
+        base
+    };
+    // SAFETY: as above.
+    unsafe { words.add(pos).write(w) };
+    slot.prev.store(now, Relaxed);
+    slot.pos.store(pos as u32 + 1, Release);
+    slot.busy.store(IDLE, Release);
+}
+
+fn claim_slot() -> Option<&'static Slot> {
+    // The destructor that releases the slot must be registrable: not while
+    // this thread's TLS is being torn down.
+    GUARD.try_with(|_| ()).ok()?;
+    let slot = SLOTS
+        .iter()
+        .find(|s| s.in_use.compare_exchange(0, 1, Acquire, Relaxed).is_ok())?;
+    slot.clear();
+    slot.tid.store(gettid(), Relaxed);
+    slot.busy.store(IDLE, Relaxed);
+    CUR.with(|c| c.set(slot));
+    Some(slot)
+}
+
+/// The lock held by whoever writes chunks to the `.dat` file.
+pub struct IoLock(AtomicU32);
+
+pub static IO_LOCK: IoLock = IoLock(AtomicU32::new(0));
+
+impl IoLock {
+    pub fn try_lock(&self) -> bool {
+        self.0.compare_exchange(0, 1, Acquire, Relaxed).is_ok()
+    }
+
+    /// Spins (sleeping 100 µs between tries) for at most `tries` tries.
+    pub fn lock_for(&self, tries: u32) -> bool {
+        for _ in 0..tries {
+            if self.try_lock() {
+                return true;
+            }
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000,
+            };
+            // SAFETY: nanosleep reads our timespec; async-signal-safe.
+            unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+        }
+        false
+    }
+
+    pub fn unlock(&self) {
+        self.0.store(0, Release);
+    }
+}
+
+/// Writes everything recorded so far to `fd`: the FULL buffers in order,
+/// then each thread's partial buffer (flag FLUSH), and leaves every slot
+/// with an empty buffer and no room: the final flush (exit, crash, exec);
+/// threads cannot record any more until [`reopen`].  The caller holds the
+/// [`IoLock`].  Async-signal-safe (no allocation, no locks).
+pub fn flush_all(fd: i32) {
+    let Some(pool) = Pool::get() else { return };
+    STOPPED.store(true, SeqCst);
+    while pool.write_one(fd) {}
+    for slot in SLOTS.iter().filter(|s| s.in_use.load(Acquire) != 0) {
+        // Wait a little for a thread in its slow path (it may be handing
+        // off a buffer); a thread interrupted there by this very signal
+        // handler never finishes, so give up after a few tries.
+        let mut claimed = false;
+        for _ in 0..100 {
+            if slot
+                .busy
+                .compare_exchange(IDLE, CLOSED, Acquire, Relaxed)
+                .is_ok()
+            {
+                claimed = true;
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if !claimed {
+            continue;
+        }
+        slot.cap.store(0, SeqCst);
+        if let Some(b) = slot.seal(pool, ftramp_trace::format::FLAG_FLUSH) {
+            write_all(fd, pool.buf(b), CHUNK_HEADER_SIZE + chunk_len(pool.buf(b)));
+            // The same buffer, emptied (events after this point go into it
+            // if the process goes on).
+            slot.take(pool, b, ftramp_runtime::clock::ticks());
+            slot.cap.store(0, SeqCst);
+        }
+    }
+    while pool.write_one(fd) {}
+}
+
+/// Undoes the `close` of [`flush_all`] (an `exec` that failed).
+pub fn reopen() {
+    let Some(pool) = Pool::get() else { return };
+    STOPPED.store(false, SeqCst);
+    for slot in SLOTS.iter().filter(|s| s.in_use.load(Acquire) != 0) {
+        if slot.buf.load(Relaxed) != NO_BUF {
+            slot.cap.store(pool.payload_words(), Relaxed);
+        }
+        let _ = slot.busy.compare_exchange(CLOSED, IDLE, Release, Relaxed);
+    }
+}
+
+/// All events lost so far (live and exited threads).
+pub fn lost_total() -> u64 {
+    SLOTS
+        .iter()
+        .filter(|s| s.in_use.load(Acquire) != 0)
+        .map(|s| s.lost_total.load(Relaxed))
+        .sum::<u64>()
+        + RETIRED_LOST.load(Relaxed)
+        + LOST_UNSLOTTED.load(Relaxed)
+}
+
+/// This thread's slot, for fork (null if it recorded nothing).
+pub fn current_slot() -> *const Slot {
+    CUR.with(|c| c.get())
+}

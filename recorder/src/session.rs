@@ -1,0 +1,784 @@
+//! One recorded process image: its files, the writer thread, function ids
+//! and `.sym` lines, the tracer registration, and what happens at fork,
+//! exec, exit and crash.
+
+use crate::ids::{self, IdTable, NEXT_ID, OV_COUNT};
+use crate::options::{Options, Tracer};
+use crate::pool::{self, Pool, IO_LOCK};
+use crate::tracer;
+use ftramp_runtime::clock;
+use ftramp_runtime::fgraph::{self, Fgraph};
+use ftramp_runtime::ftrace::ftrace;
+use ftramp_runtime::ops::{Filter, Ops, OpsFlags};
+use ftramp_runtime::sites::{self, Discovery, Site};
+use ftramp_trace::format::{task_file_name, SymLine};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::fd::IntoRawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+static PID: AtomicU32 = AtomicU32::new(0);
+static IMAGE: AtomicU32 = AtomicU32::new(0);
+static DAT_FD: AtomicI32 = AtomicI32::new(-1);
+static SYM_FD: AtomicI32 = AtomicI32::new(-1);
+static INFO_FD: AtomicI32 = AtomicI32::new(-1);
+/// Set once the final lines (`lost`, `exit`) are in `.info`.
+static FINISHED: AtomicBool = AtomicBool::new(false);
+/// `.info` length before the exec lines (undone if the exec fails).
+static INFO_LEN_BEFORE_EXEC: AtomicU64 = AtomicU64::new(0);
+/// Writer threads started (a fork child starts its own); the old one stops.
+static WRITER_EPOCH: AtomicUsize = AtomicUsize::new(0);
+
+static OPTIONS: OnceLock<Options> = OnceLock::new();
+
+/// What the writer thread and fork/dlopen handling share.
+struct State {
+    disc: Discovery,
+    /// Site address → id, for the modules loaded now.
+    sites: HashMap<usize, u32>,
+    /// `.sym` lines by id (None: handed out, not named yet).
+    syms: Vec<Option<SymLine>>,
+    /// Lines written to `.sym`.
+    written: usize,
+    seen_gen: (u64, u64),
+    seen_ov: u32,
+    /// The function_graph user.
+    users: Vec<Arc<Fgraph>>,
+    /// Sites the newest user traces (filtered recording).
+    traced: std::collections::HashSet<usize>,
+    ops: Option<Arc<Ops>>,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+fn state() -> MutexGuard<'static, Option<State>> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "ftramp record: {msg}");
+}
+
+/// The constructor's work.  Errors leave the program running untraced.
+pub fn start() {
+    let opts = match Options::from_env() {
+        Ok(Some(o)) => o,
+        Ok(None) => return,
+        Err(e) => return say(&format!("{e}; the program runs untraced")),
+    };
+    if let Err(e) = start_with(opts) {
+        say(&format!("{e}; the program runs untraced"));
+    }
+}
+
+fn start_with(opts: Options) -> Result<(), String> {
+    let opts = OPTIONS.get_or_init(|| opts);
+    let c = clock::clock();
+    let ticks_per_ns = c.ticks_per_sec as f64 / 1e9;
+    tracer::MIN_TICKS.store(
+        (opts.min_duration_ns as f64 * ticks_per_ns).ceil() as u64,
+        Relaxed,
+    );
+    tracer::MAX_DEPTH.store(opts.depth, Relaxed);
+    let pid = std::process::id();
+    open_image(pid, None)?;
+
+    // Function ids for every site loaded now.
+    let disc =
+        sites::discover().map_err(|e| format!("cannot read the program's patch sites: {e}"))?;
+    let main_sites = disc
+        .modules()
+        .iter()
+        .filter(|m| m.is_main)
+        .map(|m| m.sites.len())
+        .sum::<usize>();
+    let total = disc.sites().count();
+    append_info(&format!("sites = {total}\n"));
+    if main_sites == 0 && opts.record_pid.is_none() {
+        say(&no_sites_advice(&exe_path()));
+    }
+    let mut st = State {
+        disc,
+        sites: HashMap::new(),
+        syms: Vec::new(),
+        written: 0,
+        seen_gen: sites::loader_generation(),
+        seen_ov: 0,
+        users: Vec::new(),
+        traced: Default::default(),
+        ops: None,
+    };
+    let new: Vec<Site> = st.disc.sites().cloned().collect();
+    name_sites(&mut st, &new);
+    publish_table(&st);
+    write_syms(&mut st);
+
+    Pool::install(opts.buffer_size, opts.buffers)?;
+    install_handlers();
+    if total > 0 {
+        register(&mut st, opts)?;
+    }
+    *state() = Some(st);
+    spawn_writer();
+    Ok(())
+}
+
+/// The advice printed when the main program has no patch sites.
+pub fn no_sites_advice(exe: &str) -> String {
+    ftramp_trace::format::no_sites_advice(exe, &ftramp_runtime::host_spec().raw.site.flags)
+}
+
+fn exe_path() -> String {
+    std::fs::read_link("/proc/self/exe")
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "the program".into())
+}
+
+/// Creates `task-<pid>-<n>.{info,sym,dat}` with the first free `n`, and
+/// writes the `.info` header.
+fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
+    let opts = OPTIONS.get().ok_or("no options")?;
+    let dir = &opts.dir;
+    let mut n = 0u32;
+    let info = loop {
+        let path = dir.join(task_file_name(pid, n, "info"));
+        match std::fs::OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(f) => break f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100_000 => {
+                // The image before an exec the recorder did not see
+                // (execl*, fexecve): mark how it ended.
+                if let Ok(text) = std::fs::read_to_string(&path) {
+                    if !text.lines().any(|l| l.starts_with("exit =")) {
+                        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&path) {
+                            let _ = f.write_all(b"exit = \"exec\"\n");
+                        }
+                    }
+                }
+                n += 1;
+            }
+            Err(e) => return Err(format!("cannot create {}: {e}", path.display())),
+        }
+    };
+    let open = |ext: &str| {
+        let path = dir.join(task_file_name(pid, n, ext));
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map(|f| f.into_raw_fd())
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))
+    };
+    let sym = open("sym")?;
+    let dat = open("dat")?;
+    let c = clock::clock();
+    let cmdline = std::fs::read("/proc/self/cmdline").unwrap_or_default();
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| toml_str(&String::from_utf8_lossy(a)))
+        .collect();
+    // SAFETY: getppid cannot fail.
+    let ppid = unsafe { libc::getppid() };
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "version = 1\npid = {pid}\nppid = {ppid}\nn = {n}\nexe = {}",
+        toml_str(&exe_path())
+    );
+    let _ = writeln!(text, "args = [{}]", args.join(", "));
+    if let Some((p, i)) = forked_from {
+        let _ = writeln!(text, "forked_from = \"{p}-{i}\"");
+    }
+    let _ = writeln!(text, "tracer = \"{}\"", opts.tracer.name());
+    let _ = writeln!(text, "clock = \"{}\"", c.kind.name());
+    let _ = writeln!(
+        text,
+        "ticks_per_sec = {}\nbase_ticks = {}\nbase_ns = {}",
+        c.ticks_per_sec,
+        toml_u64(c.base_ticks),
+        toml_u64(c.base_ns)
+    );
+    let info_fd = info.into_raw_fd();
+    pool::write_all(info_fd, text.as_ptr(), text.len());
+    PID.store(pid, Relaxed);
+    IMAGE.store(n, Relaxed);
+    for (a, fd) in [(&INFO_FD, info_fd), (&SYM_FD, sym), (&DAT_FD, dat)] {
+        let old = a.swap(fd, Relaxed);
+        if old >= 0 {
+            // SAFETY: closing a descriptor this module opened (the parent's, in a fork child).
+            unsafe { libc::close(old) };
+        }
+    }
+    FINISHED.store(false, Relaxed);
+    Ok(())
+}
+
+fn append_info(s: &str) {
+    pool::write_all(INFO_FD.load(Relaxed), s.as_ptr(), s.len());
+}
+
+/// A TOML basic string.
+fn toml_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\x7f' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// TOML integers are i64: larger values are written as strings.
+fn toml_u64(v: u64) -> String {
+    if v <= i64::MAX as u64 {
+        v.to_string()
+    } else {
+        format!("\"{v}\"")
+    }
+}
+
+/// Gives ids to `new` sites (reusing an id the overflow table handed out).
+fn name_sites(st: &mut State, new: &[Site]) {
+    for s in new {
+        let id = ids::overflow_id(s.addr).unwrap_or_else(|| NEXT_ID.fetch_add(1, Relaxed));
+        st.sites.insert(s.addr, id);
+        set_sym(st, id, sym_line(&st.disc, id, s));
+    }
+}
+
+fn sym_line(disc: &Discovery, id: u32, s: &Site) -> SymLine {
+    SymLine {
+        id,
+        addr: (s.addr - s.offset_in_symbol) as u64,
+        size: 0,
+        symbol: s.symbol.clone().unwrap_or_else(|| "?".into()),
+        module: disc
+            .module(s.module)
+            .map(|m| m.name.clone())
+            .unwrap_or_else(|| "?".into()),
+    }
+}
+
+fn set_sym(st: &mut State, id: u32, line: SymLine) {
+    let i = id as usize;
+    if st.syms.len() <= i {
+        st.syms.resize(i + 1, None);
+    }
+    if st.syms[i].is_none() {
+        st.syms[i] = Some(line);
+    }
+}
+
+/// Publishes the id table of the current sites; the old one goes to the
+/// runtime's quarantine, freed by the next grace period anyone completes
+/// (the writer thread does not wait for one: it would stop writing).
+fn publish_table(st: &State) {
+    let entries: Vec<(usize, u32)> = st.sites.iter().map(|(&a, &i)| (a, i)).collect();
+    if let Some(old) = ids::publish(IdTable::new(&entries)) {
+        ftramp_runtime::grace::retire(old, &[]);
+    }
+}
+
+/// Appends the `.sym` lines of consecutive named ids.
+fn write_syms(st: &mut State) {
+    let mut text = String::new();
+    while let Some(Some(l)) = st.syms.get(st.written) {
+        text.push_str(&l.to_line());
+        text.push('\n');
+        st.written += 1;
+    }
+    if !text.is_empty() {
+        pool::write_all(SYM_FD.load(Relaxed), text.as_ptr(), text.len());
+    }
+}
+
+/// Registers the tracer for the options' filters.
+fn register(st: &mut State, opts: &Options) -> Result<(), String> {
+    let bad = |e: ftramp_runtime::ops::FilterError| format!("{e}");
+    let parse = |items: &[String]| {
+        items
+            .iter()
+            .try_fold(Filter::new(), |f, i| f.parse(i))
+            .map_err(bad)
+    };
+    let (filter, notrace) = (parse(&opts.filter)?, parse(&opts.notrace)?);
+    let main_ids: std::collections::HashSet<_> = st
+        .disc
+        .modules()
+        .iter()
+        .filter(|m| m.is_main)
+        .map(|m| m.id)
+        .collect();
+    let selected = |s: &Site| {
+        (!opts.main_only || main_ids.contains(&s.module))
+            && (filter.is_empty() || filter.matches(s))
+            && !notrace.matches(s)
+    };
+    let narrowed = opts.main_only || !opts.filter.is_empty() || !opts.notrace.is_empty();
+    match opts.tracer {
+        Tracer::Function => {
+            // The engine applies globs to dlopened libraries by itself; the
+            // main-only restriction is a list of addresses.
+            let mut ops = Ops::new(tracer::function_entry).flags(OpsFlags::RECURSION);
+            if opts.main_only {
+                let addrs: Vec<usize> = st
+                    .disc
+                    .sites()
+                    .filter(|s| selected(s))
+                    .map(|s| s.addr)
+                    .collect();
+                if addrs.is_empty() {
+                    return Err("no function matches the filters".into());
+                }
+                ops = ops.filter(addrs.iter().fold(Filter::new(), |f, &a| f.addr(a)));
+            } else {
+                ops = ops.filter(filter).notrace(notrace);
+            }
+            let ops = Arc::new(ops);
+            ftrace()
+                .register(ops.clone())
+                .map_err(|e| format!("cannot start tracing: {e}"))?;
+            st.ops = Some(ops);
+        }
+        Tracer::FunctionGraph => {
+            let traced: std::collections::HashSet<usize> = st
+                .disc
+                .sites()
+                .filter(|s| selected(s))
+                .map(|s| s.addr)
+                .collect();
+            if traced.is_empty() {
+                return Err("no function matches the filters".into());
+            }
+            let f = if narrowed {
+                traced.iter().fold(Filter::new(), |f, &a| f.addr(a))
+            } else {
+                Filter::new()
+            };
+            let user = Arc::new(
+                Fgraph::new(tracer::graph_entry, tracer::graph_return)
+                    .filter(f)
+                    .skip_timestamp(true),
+            );
+            fgraph::register_fgraph(user.clone())
+                .map_err(|e| format!("cannot start tracing: {e}"))?;
+            st.users.push(user);
+            st.traced = traced;
+        }
+    }
+    Ok(())
+}
+
+/// After `dlopen`: a narrowed function_graph (an address filter) also
+/// traces the new library's matching functions (one filter change, no
+/// untraced window).
+fn retrace(st: &mut State, opts: &Options) {
+    if opts.tracer != Tracer::FunctionGraph
+        || opts.main_only
+        || (opts.filter.is_empty() && opts.notrace.is_empty())
+    {
+        return;
+    }
+    let parse = |items: &[String]| items.iter().try_fold(Filter::new(), |f, i| f.parse(i)).ok();
+    let (Some(filter), Some(notrace)) = (parse(&opts.filter), parse(&opts.notrace)) else {
+        return;
+    };
+    let traced: std::collections::HashSet<usize> = st
+        .disc
+        .sites()
+        .filter(|s| (filter.is_empty() || filter.matches(s)) && !notrace.matches(s))
+        .map(|s| s.addr)
+        .collect();
+    if traced.is_subset(&st.traced) {
+        return;
+    }
+    let Some(user) = st.users.last() else { return };
+    let f = traced.iter().fold(Filter::new(), |f, &a| f.addr(a));
+    if fgraph::set_fgraph_filter(user, f).is_ok() {
+        st.traced = traced;
+    }
+}
+
+/// Picks up `dlopen`/`dlclose` and ids handed out by the overflow table.
+fn check_modules() {
+    let gen = sites::loader_generation();
+    let ov = OV_COUNT.load(Acquire);
+    let mut guard = state();
+    let Some(st) = guard.as_mut() else { return };
+    if gen == st.seen_gen && ov == st.seen_ov {
+        return;
+    }
+    let mut changed = false;
+    if gen != st.seen_gen
+        || ids::overflow_entries()
+            .iter()
+            .any(|(a, _)| st.disc.site_at(*a).is_none())
+    {
+        if let Ok(ch) = st.disc.refresh() {
+            for m in &ch.removed {
+                for s in &m.sites {
+                    st.sites.remove(&s.addr);
+                }
+                changed |= !m.sites.is_empty();
+            }
+            let new: Vec<Site> = ch
+                .added
+                .iter()
+                .filter_map(|id| st.disc.module(*id))
+                .flat_map(|m| m.sites.iter().cloned())
+                .collect();
+            changed |= !new.is_empty();
+            name_sites(st, &new);
+            st.seen_gen = gen;
+        }
+    }
+    for (addr, id) in ids::overflow_entries() {
+        if st.syms.get(id as usize).is_some_and(Option::is_some) {
+            continue;
+        }
+        let line = match st.disc.site_at(addr) {
+            Some(s) => sym_line(&st.disc, id, s),
+            None => SymLine {
+                id,
+                addr: addr as u64,
+                size: 0,
+                symbol: "?".into(),
+                module: "?".into(),
+            },
+        };
+        set_sym(st, id, line);
+    }
+    st.seen_ov = ov;
+    write_syms(st);
+    if changed {
+        publish_table(st);
+        if let Some(opts) = OPTIONS.get() {
+            retrace(st, opts);
+        }
+    }
+}
+
+fn spawn_writer() {
+    let epoch = WRITER_EPOCH.fetch_add(1, Relaxed) + 1;
+    let r = std::thread::Builder::new()
+        .name("ftramp-writer".into())
+        .spawn(move || writer_loop(epoch));
+    if let Err(e) = r {
+        say(&format!(
+            "cannot start the writer thread ({e}); events are written at exit only"
+        ));
+    }
+}
+
+fn writer_loop(epoch: usize) {
+    let mut last_check = Instant::now();
+    while WRITER_EPOCH.load(Relaxed) == epoch {
+        let mut wrote = false;
+        if let Some(pool) = Pool::get() {
+            while IO_LOCK.try_lock() {
+                let did = pool.write_one(DAT_FD.load(Relaxed));
+                IO_LOCK.unlock();
+                if !did {
+                    break;
+                }
+                wrote = true;
+            }
+        }
+        if last_check.elapsed() >= ftramp_runtime::ftrace::MODULE_WATCH_INTERVAL {
+            check_modules();
+            last_check = Instant::now();
+        }
+        if !wrote {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Endings: exit, exec, crash.  Each writes what is recorded, then appends
+// `lost` and `exit` to `.info` (once).
+
+/// A small stack buffer for messages built inside signal handlers.
+struct StackBuf {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl StackBuf {
+    fn new() -> StackBuf {
+        StackBuf {
+            buf: [0; 512],
+            len: 0,
+        }
+    }
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Write for StackBuf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let n = s.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGPIPE => "SIGPIPE",
+        _ => "signal",
+    }
+}
+
+/// How the image ended.
+#[derive(Clone, Copy)]
+pub enum Ending {
+    Code(i32),
+    Signal(i32),
+    Exec,
+}
+
+/// Writes every recorded event and the final `.info` lines.  `tries`:
+/// how long to wait for the writer thread's chunk in progress (×100 µs).
+/// Async-signal-safe.  Returns false if this image is not being recorded
+/// here (another process, or already finished).
+fn finish(ending: Ending, tries: u32) -> bool {
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() } as u32;
+    if PID.load(Relaxed) != pid || FINISHED.swap(true, SeqCst) {
+        return false;
+    }
+    let locked = IO_LOCK.lock_for(tries);
+    pool::flush_all(DAT_FD.load(Relaxed));
+    let lost = pool::lost_total() + fgraph::misses();
+    let info = INFO_FD.load(Relaxed);
+    if let Ending::Exec = ending {
+        // SAFETY: fstat fills the struct we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(info, &mut st) } == 0 {
+            INFO_LEN_BEFORE_EXEC.store(st.st_size as u64, Relaxed);
+        }
+    }
+    let mut b = StackBuf::new();
+    let _ = write!(b, "lost = {lost}\n");
+    let _ = match ending {
+        Ending::Code(c) => write!(b, "exit = \"code {c}\"\n"),
+        Ending::Signal(s) => write!(b, "exit = \"signal {s} ({})\"\n", signal_name(s)),
+        Ending::Exec => write!(b, "exit = \"exec\"\n"),
+    };
+    pool::write_all(info, b.bytes().as_ptr(), b.len);
+    if lost > 0 && !matches!(ending, Ending::Exec) {
+        let mut m = StackBuf::new();
+        let _ = write!(
+            m,
+            "ftramp record: pid {pid}: {lost} events lost (buffers full or shadow stack too small); try a larger --buffer-size\n"
+        );
+        pool::write_all(2, m.bytes().as_ptr(), m.len);
+    }
+    // Keep the I/O lock: nothing is written after the final flush (an exec
+    // that fails gives it back).
+    let _ = locked;
+    true
+}
+
+/// `on_exit` handler: the program's exit status is known here.
+extern "C" fn at_exit(status: libc::c_int, _arg: *mut libc::c_void) {
+    let _ = std::panic::catch_unwind(|| before_exit(status));
+}
+
+/// Names the functions that got ids since the writer last looked (not
+/// from a signal handler: it allocates and locks).
+fn last_names() {
+    if PID.load(Relaxed) == std::process::id() {
+        check_modules();
+    }
+}
+
+/// Called by the `_exit` interposer and at exit.
+pub fn before_exit(status: i32) {
+    last_names();
+    finish(Ending::Code(status), 10_000);
+}
+
+/// Called before an exec: returns whether the image was finished (undo with
+/// [`exec_failed`]).
+pub fn before_exec() -> bool {
+    last_names();
+    finish(Ending::Exec, 10_000)
+}
+
+/// The exec failed: the image goes on recording.
+pub fn exec_failed() {
+    let len = INFO_LEN_BEFORE_EXEC.load(Relaxed);
+    // SAFETY: shrinking our own file back to before the exec lines.
+    unsafe { libc::ftruncate(INFO_FD.load(Relaxed), len as libc::off_t) };
+    pool::reopen();
+    FINISHED.store(false, SeqCst);
+    IO_LOCK.unlock();
+}
+
+const FATAL: [i32; 7] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGABRT,
+    libc::SIGINT,
+    libc::SIGTERM,
+];
+
+extern "C" fn on_fatal(sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    finish(Ending::Signal(sig), 500);
+    // SAFETY: restoring the default action and re-raising: the signal is
+    // blocked while this handler runs, so it is delivered (and kills the
+    // process the same way) when the handler returns.  All async-signal-safe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &sa, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+}
+
+extern "C" {
+    fn on_exit(
+        f: extern "C" fn(libc::c_int, *mut libc::c_void),
+        arg: *mut libc::c_void,
+    ) -> libc::c_int;
+}
+
+fn install_handlers() {
+    // SAFETY: registering handlers; the functions are extern "C" and live
+    // as long as the process (this library is never unloaded: LD_PRELOAD).
+    unsafe {
+        on_exit(at_exit, std::ptr::null_mut());
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        // An alternate stack for the main thread, so a stack overflow can
+        // still be flushed.
+        let size = 64 << 10;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p != libc::MAP_FAILED {
+            let ss = libc::stack_t {
+                ss_sp: p,
+                ss_flags: 0,
+                ss_size: size,
+            };
+            let mut old: libc::stack_t = std::mem::zeroed();
+            if libc::sigaltstack(std::ptr::null(), &mut old) == 0
+                && old.ss_flags & libc::SS_DISABLE != 0
+            {
+                libc::sigaltstack(&ss, std::ptr::null_mut());
+            }
+        }
+        for sig in FATAL {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                || old.sa_sigaction != libc::SIG_DFL
+            {
+                continue; // the program (or a library) handles it
+            }
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_fatal as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// fork: the child is a new process of the trace, with its own files and
+// writer thread; the parent's unwritten events stay the parent's.
+
+thread_local! {
+    static FORK_GUARD: std::cell::RefCell<Option<MutexGuard<'static, Option<State>>>> = const { std::cell::RefCell::new(None) };
+}
+
+extern "C" fn fork_prepare() {
+    let _ = std::panic::catch_unwind(|| {
+        if PID.load(Relaxed) == 0 {
+            return;
+        }
+        let g = state();
+        let _ = FORK_GUARD.try_with(|f| *f.borrow_mut() = Some(g));
+        // No chunk half written when the child copies the pool.
+        IO_LOCK.lock_for(10_000);
+    });
+}
+
+extern "C" fn fork_parent() {
+    let _ = std::panic::catch_unwind(|| {
+        if PID.load(Relaxed) == 0 {
+            return;
+        }
+        IO_LOCK.unlock();
+        let _ = FORK_GUARD.try_with(|f| f.borrow_mut().take());
+    });
+}
+
+extern "C" fn fork_child() {
+    let _ = std::panic::catch_unwind(|| {
+        let parent = (PID.load(Relaxed), IMAGE.load(Relaxed));
+        if parent.0 == 0 {
+            return;
+        }
+        let mut guard = FORK_GUARD
+            .try_with(|f| f.borrow_mut().take())
+            .ok()
+            .flatten();
+        if let Some(pool) = Pool::get() {
+            pool.reset_after_fork(pool::current_slot(), clock::ticks());
+        }
+        let pid = std::process::id();
+        match open_image(pid, Some(parent)) {
+            Ok(()) => {
+                if let Some(Some(st)) = guard.as_deref_mut() {
+                    let total = st.disc.sites().count();
+                    append_info(&format!("sites = {total}\n"));
+                    st.written = 0;
+                    write_syms(st);
+                }
+                drop(guard);
+                spawn_writer();
+            }
+            Err(e) => {
+                PID.store(0, Relaxed);
+                say(&format!("fork child {pid}: {e}; not recorded"));
+            }
+        }
+    });
+}

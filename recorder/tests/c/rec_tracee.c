@@ -1,0 +1,169 @@
+/* The program the recorder tests record.  Built with the arch's patch-site
+ * flags; each mode exercises one situation and prints the program's own
+ * call counters ("name count" lines) so the tests can check the trace. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static long n_fib, n_leaf, n_worker, n_spin, n_quick, n_slow, n_before, n_after, n_child;
+
+__attribute__((noinline)) long rec_leaf(long x) { __atomic_add_fetch(&n_leaf, 1, __ATOMIC_RELAXED); return x * 3 + 1; }
+
+__attribute__((noinline)) long rec_fib(long n)
+{
+    __atomic_add_fetch(&n_fib, 1, __ATOMIC_RELAXED);
+    if (n < 2)
+        return rec_leaf(n);
+    return rec_fib(n - 1) + rec_fib(n - 2);
+}
+
+__attribute__((noinline)) void *rec_worker(void *arg)
+{
+    __atomic_add_fetch(&n_worker, 1, __ATOMIC_RELAXED);
+    long k = (long)arg, s = 0;
+    for (int i = 0; i < 50; i++)
+        s += rec_fib(k);
+    return (void *)s;
+}
+
+__attribute__((noinline)) void rec_spin(long ns)
+{
+    __atomic_add_fetch(&n_spin, 1, __ATOMIC_RELAXED);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &b);
+    while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) < ns);
+}
+
+__attribute__((noinline)) void rec_quick(void) { __atomic_add_fetch(&n_quick, 1, __ATOMIC_RELAXED); rec_leaf(1); }
+__attribute__((noinline)) void rec_slow(void) { __atomic_add_fetch(&n_slow, 1, __ATOMIC_RELAXED); rec_quick(); rec_spin(2000000); }
+__attribute__((noinline)) void rec_before(void) { n_before++; rec_leaf(2); }
+__attribute__((noinline)) void rec_after(void) { n_after++; rec_leaf(3); }
+__attribute__((noinline)) void rec_child(void) { n_child++; rec_leaf(4); }
+
+__attribute__((noinline)) void rec_crash(volatile int *p) { rec_before(); *p = 1; }
+__attribute__((noinline)) void rec_abort(void) { rec_before(); abort(); }
+
+/* Whether the patch site at the start of `fn` calls a trampoline now. */
+static int patched(const void *fn)
+{
+#if defined(__x86_64__)
+    return *(const volatile unsigned char *)fn == 0xe8;
+#elif defined(__aarch64__)
+    return *(const volatile unsigned *)fn != 0xd503201f;
+#else
+    return 1;
+#endif
+}
+
+static void counts(void)
+{
+    printf("rec_fib %ld\nrec_leaf %ld\nrec_worker %ld\nrec_spin %ld\nrec_quick %ld\nrec_slow %ld\n"
+           "rec_before %ld\nrec_after %ld\nrec_child %ld\n",
+           n_fib, n_leaf, n_worker, n_spin, n_quick, n_slow, n_before, n_after, n_child);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "threads";
+    if (!strcmp(mode, "threads")) {
+        /* 4 threads + main, recursion. */
+        pthread_t t[4];
+        for (long i = 0; i < 4; i++)
+            pthread_create(&t[i], NULL, rec_worker, (void *)(6 + i));
+        rec_worker((void *)5);
+        for (int i = 0; i < 4; i++)
+            pthread_join(t[i], NULL);
+        counts();
+        return 0;
+    }
+    if (!strcmp(mode, "loop")) {
+        /* Many short calls on one thread (lost events with tiny buffers). */
+        long n = argc > 2 ? atol(argv[2]) : 100000;
+        for (long i = 0; i < n; i++)
+            rec_leaf(i);
+        counts();
+        return 0;
+    }
+    if (!strcmp(mode, "duration")) {
+        /* rec_slow (2 ms, calls rec_quick and rec_spin) and rec_quick alone. */
+        for (int i = 0; i < 3; i++) {
+            rec_slow();
+            rec_quick();
+        }
+        counts();
+        return 0;
+    }
+    if (!strcmp(mode, "fork")) {
+        rec_before();
+        fflush(stdout);
+        pid_t c = fork();
+        if (c == 0) {
+            for (int i = 0; i < 7; i++)
+                rec_child();
+            counts();
+            exit(3);
+        }
+        int st = 0;
+        waitpid(c, &st, 0);
+        rec_after();
+        counts();
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    if (!strcmp(mode, "exec")) {
+        rec_before();
+        counts();
+        char *args[] = {argv[0], "exec-child", NULL};
+        execv("/proc/self/exe", args);
+        perror("execv");
+        return 1;
+    }
+    if (!strcmp(mode, "exec-child")) {
+        for (int i = 0; i < 5; i++)
+            rec_child();
+        counts();
+        return 0;
+    }
+    if (!strcmp(mode, "segv")) {
+        for (int i = 0; i < 10; i++)
+            rec_after();
+        counts();
+        rec_crash(NULL);
+        return 0;
+    }
+    if (!strcmp(mode, "abort")) {
+        for (int i = 0; i < 10; i++)
+            rec_after();
+        counts();
+        rec_abort();
+        return 0;
+    }
+    if (!strcmp(mode, "dlopen")) {
+        void *h = dlopen(argv[2], RTLD_NOW);
+        if (!h) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 2;
+        }
+        long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
+        /* The runtime's module watcher patches new libraries within ~10 ms:
+         * wait for it (at most 5 s; sleeps end early on its signals). */
+        for (int i = 0; i < 5000 && !(patched(f) && patched(dlsym(h, "reclib_add"))); i++)
+            usleep(1000);
+        long s = f(20);
+        rec_after();
+        counts();
+        printf("reclib_sum %ld\nreclib_add 20\n", s == 210 ? 1L : -1L);
+        return 0;
+    }
+    fprintf(stderr, "unknown mode %s\n", mode);
+    return 2;
+}
