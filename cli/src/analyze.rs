@@ -99,7 +99,7 @@ pub struct ReplayArgs {
     #[arg(short = 'D', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     depth: Option<u32>,
     /// Hide calls shorter than TIME (e.g. 500ns, 10us, 1.5ms; a plain number is ns).
-    #[arg(short = 't', long = "min-duration", value_name = "TIME", value_parser = parse_duration_ns)]
+    #[arg(long = "min-duration", value_name = "TIME", value_parser = parse_duration_ns)]
     min_duration: Option<u64>,
 }
 

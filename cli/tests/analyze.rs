@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -276,4 +277,113 @@ fn damaged_trace_warns_and_replays_the_rest() {
         out.contains("            [   101] | /* lost 2 chunks */\n   0.050 us [   101] | c();\n"),
         "{out}"
     );
+}
+
+/// End to end: the bundled demo built, recorded by `ftramp record`, and read back by
+/// replay, report and dump — each must account for exactly the calls the demo counted
+/// itself (`calls <function> <n>` lines), and the flame graph's time must add up to the
+/// time of the outermost calls.
+#[test]
+fn recorded_demo_reads_back_consistently() {
+    let dir = tempdir();
+    let build = dir.path().join("build");
+    let trace = dir.path().join("trace");
+    ok_any(&["demo", "--build-dir", d(&build), "--build-only"]);
+    let rec = ftramp(&["record", "-o", d(&trace), "--", d(&build.join("demo"))]);
+    assert!(
+        rec.status.success(),
+        "ftramp record failed: {}",
+        text(&rec.stderr)
+    );
+    let want: HashMap<String, u64> = text(&rec.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("calls ")?.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert!(want.len() >= 5 && want["main"] == 1, "{want:?}");
+
+    // report: the Calls column.
+    let out = ok(&["report", "-d", d(&trace), "-s", "name"]);
+    let got: HashMap<String, u64> = out
+        .lines()
+        .skip(4)
+        .map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (
+                cols[cols.len() - 1].to_string(),
+                cols[cols.len() - 6].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+
+    // replay: one line per call, `f() {` or `f();`.
+    let out = ok(&["replay", "-d", d(&trace)]);
+    let mut lines: HashMap<String, u64> = HashMap::new();
+    for l in out
+        .lines()
+        .filter_map(|l| l.split_once(" | ").map(|(_, f)| f.trim_start()))
+    {
+        if let Some(f) = l.strip_suffix("() {").or_else(|| l.strip_suffix("();")) {
+            *lines.entry(f.to_string()).or_default() += 1;
+        }
+    }
+    assert_eq!(lines, want, "{out}");
+    assert!(
+        !out.contains("unfinished") && !out.contains("lost"),
+        "{out}"
+    );
+
+    // Chrome JSON: a B per call, balanced by E; the outermost calls' time per thread.
+    let out = ok(&["dump", "-d", d(&trace), "--chrome"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    let mut begins: HashMap<String, u64> = HashMap::new();
+    let mut depth: HashMap<u64, (u32, f64)> = HashMap::new();
+    let mut outer_us = 0.0;
+    for e in v["traceEvents"].as_array().unwrap() {
+        let tid = e["tid"].as_u64().unwrap();
+        let (dep, since) = depth.entry(tid).or_default();
+        match e["ph"].as_str().unwrap() {
+            "B" => {
+                *begins
+                    .entry(e["name"].as_str().unwrap().to_string())
+                    .or_default() += 1;
+                if *dep == 0 {
+                    *since = e["ts"].as_f64().unwrap();
+                }
+                *dep += 1;
+            }
+            "E" => {
+                *dep -= 1;
+                if *dep == 0 {
+                    outer_us += e["ts"].as_f64().unwrap() - *since;
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(begins, want);
+    assert!(depth.values().all(|(d, _)| *d == 0));
+
+    // Folded stacks: self times add up to the outermost calls' time (ns vs µs with
+    // 3 decimals in the JSON: equal to the nanosecond).
+    let out = ok(&["dump", "-d", d(&trace), "--flame"]);
+    let total_ns: u64 = out
+        .lines()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total_ns, (outer_us * 1000.0).round() as u64);
+}
+
+fn ok_any(args: &[&str]) -> String {
+    let o = ftramp(args);
+    assert!(
+        o.status.success(),
+        "ftramp {args:?} failed: {}",
+        text(&o.stderr)
+    );
+    text(&o.stdout)
 }
