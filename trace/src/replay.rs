@@ -355,11 +355,18 @@ fn line(
     depth: u32,
     text: std::fmt::Arguments<'_>,
 ) -> io::Result<()> {
-    let w = 2 * depth as usize;
+    const SPACES: &str = "                                                                ";
     match dur {
-        Some(d) => writeln!(out, " {} [{tid:>6}] | {:w$}{text}", Duration(d), ""),
-        None => writeln!(out, " {BLANK} [{tid:>6}] | {:w$}{text}", ""),
+        Some(d) => write!(out, " {} [{tid:>6}] | ", Duration(d))?,
+        None => write!(out, " {BLANK} [{tid:>6}] | ")?,
     }
+    let mut indent = 2 * depth as usize;
+    while indent > 0 {
+        let n = indent.min(SPACES.len());
+        out.write_all(&SPACES.as_bytes()[..n])?;
+        indent -= n;
+    }
+    writeln!(out, "{text}")
 }
 
 enum Work {
