@@ -157,14 +157,23 @@ fn plural(n: usize, what: &str) -> String {
 /// Writes the table.
 pub fn report(trace: &Trace, opts: &ReportOptions, out: &mut dyn Write) -> io::Result<()> {
     let mut rows = stats(trace, &opts.select);
-    sort(&mut rows, opts.sort);
+    // A function-tracer trace has no times: sort by calls instead.
+    let by = match opts.sort {
+        SortKey::Total | SortKey::SelfTime | SortKey::Avg | SortKey::Max
+            if !trace.info.has_exits() =>
+        {
+            SortKey::Calls
+        }
+        k => k,
+    };
+    sort(&mut rows, by);
     let threads = opts.select.threads(trace).count();
     let processes = trace
         .processes
         .iter()
         .filter(|p| opts.select.process(p))
         .count();
-    let key = SortKey::NAMES[opts.sort as usize];
+    let key = SortKey::NAMES[by as usize];
     let tracer = if trace.info.tracer.is_empty() {
         "function_graph?"
     } else {

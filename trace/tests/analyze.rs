@@ -212,6 +212,10 @@ fn replay_function_tracer() {
     report::report(&t, &ReportOptions::default(), &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(
+        text.lines().next().unwrap().ends_with("sorted by calls"),
+        "{text}"
+    );
+    assert!(
         text.contains("           -           -           2           -           -  a\n"),
         "{text}"
     );
