@@ -4,6 +4,7 @@ mod common;
 
 use common::*;
 use ftramp_trace::dump::{self, FoldOptions};
+use ftramp_trace::format;
 use ftramp_trace::replay::{self, Globs, ReplayOptions, Select, GRAPH_HEADER};
 use ftramp_trace::report::{self, ReportOptions, SortKey};
 use ftramp_trace::{EventKind, Trace};
@@ -650,4 +651,68 @@ fn names_are_demangled_and_globs_match_either_form() {
     assert_eq!(calls(&o), ["main() {", "  ns::Foo::bar();", "} /* main */"]);
     let rows = report::stats(&t, &Select::default());
     assert!(rows.iter().any(|s| s.name == "ns::Foo::bar"));
+}
+
+#[test]
+fn exec_images_share_their_pid() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["sh", "-c", "true"]);
+    write_process_info(d, 7, 0, 1, "/bin/sh", None, "exit = \"exec\"\n");
+    write_process_info(d, 7, 1, 1, "/bin/true", None, "exit = \"code 0\"\n");
+    write_syms(d, 7, 0, &["main", "do_exec"]);
+    write_syms(d, 7, 1, &["main"]);
+    // The first image's main and do_exec never return: exec replaced them.
+    std::fs::write(
+        dat_path(d, 7, 0),
+        chunk(7, 0, format::FLAG_FLUSH, 0, 0, &[entry(0, 0), entry(1, 10)]),
+    )
+    .unwrap();
+    std::fs::write(
+        dat_path(d, 7, 1),
+        chunk(7, 0, format::FLAG_LAST, 0, 100, &[entry(0, 0), exit(0, 50)]),
+    )
+    .unwrap();
+    let t = Trace::open(d).unwrap();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let text = replay_text(&t, &ReplayOptions::default());
+    assert_eq!(
+        body(&text),
+        "\
+#
+# process 7 image 0: /bin/sh x (exit: exec)
+
+# DURATION     TID     FUNCTION
+            [     7] | main() {
+            [     7] |   do_exec(); /* unfinished */
+            [     7] | } /* main: unfinished */
+#
+# process 7 image 1: /bin/true x (exit: code 0)
+
+# DURATION     TID     FUNCTION
+   0.050 us [     7] | main();
+"
+    );
+    let mut out = Vec::new();
+    dump::chrome(&t, &Select::default(), &mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let meta: Vec<String> = events
+        .iter()
+        .filter(|e| e["ph"] == "M")
+        .map(|e| format!("{} {}", e["name"], e["args"]["name"]))
+        .collect();
+    assert_eq!(
+        meta,
+        [
+            "\"process_name\" \"sh -> true\"",
+            "\"thread_name\" \"sh (main)\""
+        ]
+    );
+    let phases: String = events
+        .iter()
+        .filter(|e| e["ph"] != "M")
+        .map(|e| e["ph"].as_str().unwrap())
+        .collect();
+    assert_eq!(phases, "BBEEBE");
 }
