@@ -634,3 +634,53 @@ fn filter_and_user_changes_leave_no_untraced_window() {
     assert_eq!(s.entries.load(SeqCst), calls, "every call traced across 40 changes");
     assert_eq!(s.rets.load(SeqCst), calls);
 }
+
+extern "C" fn count_entry(_e: &GraphEnt, g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    stats(g).entries.fetch_add(1, SeqCst);
+    true
+}
+
+extern "C" fn count_ret_stats(_r: &GraphRet, g: &Fgraph, _f: &mut FtraceRegs) {
+    stats(g).rets.fetch_add(1, SeqCst);
+}
+
+/// Users with globs see the functions of a library loaded after they
+/// registered (the module watcher patches it; fgraph refreshes its
+/// per-site bitmaps), one user and several.
+#[cfg(ftramp_sites)]
+#[test]
+fn users_with_globs_trace_libraries_loaded_later() {
+    let _l = lock();
+    let mk = |f: Filter| {
+        let s = new_stats();
+        (Arc::new(Fgraph::new(count_entry, count_ret_stats).filter(f).skip_timestamp(true).private(s as *const Stats as usize)), s)
+    };
+    for users in [1, 2] {
+        let all: Vec<_> = (0..users).map(|i| mk(Filter::new().glob("sites_dl_*").unwrap().symbol(if i == 0 { "tracee_two" } else { "tracee_nested" }))).collect();
+        for (u, _) in &all {
+            fgraph::register_fgraph(u.clone()).unwrap();
+        }
+        let path = std::ffi::CString::new(env!("FTRAMP_SITES_DL_SO")).unwrap();
+        // SAFETY: a library built by build.rs, without constructors of note.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null());
+        // SAFETY: the symbol exists in that library with this signature.
+        let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(libc::dlsym(h, c"sites_dl_tracee".as_ptr())) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let before: Vec<u64> = all.iter().map(|(_, s)| s.entries.load(SeqCst)).collect();
+            assert_eq!(f(5), 38);
+            if all.iter().zip(&before).all(|((_, s), b)| s.entries.load(SeqCst) > *b) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{users} user(s): the new library was never traced for all of them");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        for (u, s) in &all {
+            fgraph::unregister_fgraph(u).unwrap();
+            assert_eq!(s.entries.load(SeqCst), s.rets.load(SeqCst));
+        }
+        // SAFETY: nothing of the library is used after this.
+        assert_eq!(unsafe { libc::dlclose(h) }, 0);
+    }
+}

@@ -367,6 +367,7 @@ pub fn register_fgraph(user: Arc<Fgraph>) -> Result<(), FgraphError> {
     }
     return_to_handler()?;
     clock::clock();
+    crate::ftrace::on_modules_changed(refresh_masks);
     let mut r = registry();
     if r.users.iter().flatten().any(|u| Arc::ptr_eq(u, &user)) {
         return Err(FgraphError::AlreadyRegistered);
@@ -444,23 +445,12 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     // Discovery happens on the engine's first use.
     ftrace().refresh()?;
     let all = users.iter().zip(&filters).filter(|(_, f)| f.is_empty()).fold(0u16, |m, ((i, _), _)| m | 1 << i);
-    let mut masks: Vec<(usize, u16)> = Vec::new();
-    for (site, _) in ftrace().site_dispatch() {
-        let m = users.iter().zip(&filters).filter(|(_, f)| f.is_empty() || f.matches(&site)).fold(0u16, |m, ((i, _), _)| m | 1 << i);
-        if m != 0 {
-            masks.push((site.addr, m));
-        }
-    }
-    masks.sort_unstable();
-    let filter = if all != 0 { Filter::new() } else { masks.iter().fold(Filter::new(), |f, (a, _)| f.addr(*a)) };
+    let masks = site_masks(&users, &filters);
+    // The users' own filters (globs too), so that the engine also traces
+    // matching functions of modules loaded later.
+    let filter = if all != 0 { Filter::new() } else { filters.iter().fold(Filter::new(), |f, u| f.union(u)) };
     ALL_MASK.store(all, Relaxed);
-    let old = MASKS.swap(Box::into_raw(Box::new(masks)), AcqRel);
-    if !old.is_null() {
-        // SAFETY: every pointer in MASKS came from Box::into_raw above and
-        // the swap hands the old one back exactly once.
-        let old = unsafe { Box::from_raw(old) };
-        let _ = grace::defer_free(old, &[]);
-    }
+    publish_masks(masks);
     let ops = Arc::new(Ops::new(graph_entry).filter(filter).raw_entry());
     match r.ops.take() {
         Some(old) => {
@@ -476,6 +466,42 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     r.ops = Some(ops);
     SINGLE.store(if users.len() == 1 { users[0].0 + 1 } else { 0 }, Release);
     Ok(())
+}
+
+fn publish_masks(masks: Vec<(usize, u16)>) {
+    let old = MASKS.swap(Box::into_raw(Box::new(masks)), AcqRel);
+    if !old.is_null() {
+        // SAFETY: every pointer in MASKS came from Box::into_raw here and
+        // the swap hands the old one back exactly once.
+        let old = unsafe { Box::from_raw(old) };
+        let _ = grace::defer_free(old, &[]);
+    }
+}
+
+/// The per-site user bitmaps of the current users over the current sites.
+fn site_masks(users: &[(usize, &Arc<Fgraph>)], filters: &[std::sync::MutexGuard<'_, Filter>]) -> Vec<(usize, u16)> {
+    let mut masks: Vec<(usize, u16)> = Vec::new();
+    for (site, _) in ftrace().site_dispatch() {
+        let m = users.iter().zip(filters).filter(|(_, f)| f.is_empty() || f.matches(&site)).fold(0u16, |m, ((i, _), _)| m | 1 << i);
+        if m != 0 {
+            masks.push((site.addr, m));
+        }
+    }
+    masks.sort_unstable();
+    masks
+}
+
+/// After `dlopen`/`dlclose` (the engine's module watcher): the bitmaps for
+/// the new set of sites, so several users with globs see new modules'
+/// functions too (one user is called without bitmaps).
+fn refresh_masks() {
+    let r = registry();
+    let users: Vec<(usize, &Arc<Fgraph>)> = r.users.iter().enumerate().filter_map(|(i, u)| u.as_ref().map(|u| (i, u))).collect();
+    if users.is_empty() {
+        return;
+    }
+    let filters: Vec<std::sync::MutexGuard<'_, Filter>> = users.iter().map(|(_, u)| u.filter.lock().unwrap_or_else(|e| e.into_inner())).collect();
+    publish_masks(site_masks(&users, &filters));
 }
 
 // ---------------------------------------------------------------------------

@@ -112,8 +112,10 @@ pub const MODULE_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from
 fn start_module_watch() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        let spawned = std::thread::Builder::new().name("ftramp-modules".into()).spawn(|| {
-            let mut seen = crate::sites::loader_generation();
+        // Read here, not on the new thread: the caller has just read the
+        // modules, and a dlopen before the thread first runs must count.
+        let mut seen = crate::sites::loader_generation();
+        let spawned = std::thread::Builder::new().name("ftramp-modules".into()).spawn(move || {
             loop {
                 std::thread::sleep(MODULE_WATCH_INTERVAL);
                 let now = crate::sites::loader_generation();
@@ -133,6 +135,8 @@ fn start_module_watch() {
                         st.retire(vec![old], Vec::new());
                     }
                     seen = now;
+                    drop(st);
+                    run_module_hooks();
                 }
             }
         });
@@ -140,6 +144,27 @@ fn start_module_watch() {
             eprintln!("ftramp: cannot start the module watcher ({e}); call ftrace().refresh() after dlopen");
         }
     });
+}
+
+static MODULE_HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
+
+/// Registers `hook` to run (on the module watcher thread, without the
+/// engine's lock) after the watcher has applied the registered ops to
+/// modules loaded or unloaded since: for tracers that keep per-site state
+/// of their own (fgraph's user bitmaps).  Registering the same hook twice
+/// keeps one.
+pub fn on_modules_changed(hook: fn()) {
+    let mut h = MODULE_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
+    if !h.iter().any(|f| *f as usize == hook as usize) {
+        h.push(hook);
+    }
+}
+
+fn run_module_hooks() {
+    let hooks = MODULE_HOOKS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for h in hooks {
+        h();
+    }
 }
 
 /// The ftrace of this process.

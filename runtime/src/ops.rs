@@ -92,6 +92,12 @@ impl Filter {
         self.items.is_empty()
     }
 
+    /// Adds every item of `other` (the union of two non-empty filters).
+    pub fn union(mut self, other: &Filter) -> Filter {
+        self.items.extend(other.items.iter().cloned());
+        self
+    }
+
     /// Adds an address.
     pub fn addr(mut self, addr: usize) -> Filter {
         self.items.push(FilterItem::Addr(addr));
