@@ -32,18 +32,30 @@ pub struct DemoArgs {
 }
 
 /// The compiler flags the demo is built with: the host arch's patch-site
-/// flags (`ftramp cflags`), `-fno-ipa-ra`, and no sibling calls so that
-/// fib's two recursive calls stay calls (gcc turns one into a loop
-/// otherwise, and the demo's own counters would no longer match the
-/// trace).
-pub fn demo_cflags() -> Result<Vec<String>> {
+/// flags (`ftramp cflags`), `-fno-ipa-ra` for gcc (clang has no such flag
+/// and does no interprocedural register allocation unless asked), and no
+/// sibling calls so that fib's two recursive calls stay calls (gcc turns
+/// one into a loop otherwise, and the demo's own counters would no longer
+/// match the trace).
+pub fn demo_cflags(compiler: &str) -> Result<Vec<String>> {
     let arch = for_target_arch(std::env::consts::ARCH)
         .with_context(|| format!("no arch spec for this machine ({})", std::env::consts::ARCH))?;
     let spec = Spec::builtin(arch)?;
     let mut flags: Vec<String> = ["-O2", "-g"].iter().map(|s| s.to_string()).collect();
     flags.extend(spec.raw.site.flags.split_whitespace().map(String::from));
-    flags.extend(["-fno-ipa-ra", "-fno-optimize-sibling-calls"].map(String::from));
+    if !is_clang(compiler) {
+        flags.push("-fno-ipa-ra".into());
+    }
+    flags.push("-fno-optimize-sibling-calls".into());
     Ok(flags)
+}
+
+/// Whether `compiler --version` says clang.
+fn is_clang(compiler: &str) -> bool {
+    Command::new(compiler)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("clang"))
 }
 
 fn cc() -> String {
@@ -71,7 +83,7 @@ pub fn build_demo(dir: &Path) -> Result<PathBuf> {
         let p = dir.join(name);
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
     }
-    let flags = demo_cflags()?;
+    let flags = demo_cflags(&cc())?;
     let lib = dir.join("libdemo_util.so");
     let exe = dir.join("demo");
     run_step(
@@ -128,7 +140,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         eprintln!(
             "demo built: {} (flags: {})",
             exe.display(),
-            demo_cflags()?.join(" ")
+            demo_cflags(&cc())?.join(" ")
         );
         return Ok(());
     }

@@ -40,7 +40,11 @@ static unsigned long counter[F_COUNT];
  * inline the small ones and specialise others into clones (`spin.isra.0`),
  * which ftramp traces too, under those names.
  */
+#ifdef __clang__
+#define FUNC __attribute__((noinline))
+#else
 #define FUNC __attribute__((noinline, noclone))
+#endif
 /* Not traced (no patch site), so the trace holds exactly the counted calls. */
 #define NOTRACE __attribute__((no_instrument_function, patchable_function_entry(0, 0)))
 
