@@ -559,6 +559,22 @@ pub fn flush_all(fd: i32) {
             continue;
         }
         slot.cap.store(0, SeqCst);
+        if slot.buf.load(Relaxed) == NO_BUF {
+            // No buffer (it ran out): a header-only chunk carries its losses.
+            let lost = slot.lost_pending.swap(0, Relaxed);
+            if lost > 0 {
+                let h = ChunkHeader {
+                    flags: ftramp_trace::format::FLAG_FLUSH,
+                    tid: slot.tid.load(Relaxed),
+                    seq: slot.seq.fetch_add(1, Relaxed),
+                    len: 0,
+                    lost: lost.min(u32::MAX as u64) as u32,
+                    time: slot.prev.load(Relaxed),
+                }
+                .encode();
+                write_all(fd, h.as_ptr(), h.len());
+            }
+        }
         if let Some(b) = slot.seal(pool, ftramp_trace::format::FLAG_FLUSH) {
             write_all(fd, pool.buf(b), CHUNK_HEADER_SIZE + chunk_len(pool.buf(b)));
             // The same buffer, emptied (events after this point go into it

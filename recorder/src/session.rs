@@ -10,7 +10,7 @@ use ftramp_runtime::clock;
 use ftramp_runtime::fgraph::{self, Fgraph};
 use ftramp_runtime::ftrace::ftrace;
 use ftramp_runtime::ops::{Filter, Ops, OpsFlags};
-use ftramp_runtime::sites::{self, Discovery, Site};
+use ftramp_runtime::sites::{self, Discovery, Module, Site};
 use ftramp_trace::format::{task_file_name, SymLine};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -111,7 +111,7 @@ fn start_with(opts: Options) -> Result<(), String> {
         traced: Default::default(),
         ops: None,
     };
-    let new: Vec<Site> = st.disc.sites().cloned().collect();
+    let new = funcs(st.disc.modules());
     name_sites(&mut st, &new);
     publish_table(&st);
     write_syms(&mut st);
@@ -252,23 +252,50 @@ fn toml_u64(v: u64) -> String {
     }
 }
 
-/// Gives ids to `new` sites (reusing an id the overflow table handed out).
+/// The patch sites of `modules`, and the sites discovery refused because
+/// their bytes were not a NOP form when read: the engine, which reads
+/// modules on its own, may be patching a `dlopen`ed library (or rewriting
+/// its NOPs) at that moment.  A refused address in a filter is harmless:
+/// the engine patches only the sites it discovered itself.
+fn funcs<'a>(modules: impl IntoIterator<Item = &'a Module>) -> Vec<Site> {
+    let mut out = Vec::new();
+    for m in modules {
+        out.extend(m.sites.iter().cloned());
+        out.extend(m.refused.iter().map(|r| Site {
+            addr: r.addr,
+            record: r.addr,
+            pre_entry: 0,
+            module: r.module,
+            symbol: r.symbol.clone(),
+            offset_in_symbol: r.offset_in_symbol,
+            kind: r.kind,
+        }));
+    }
+    out
+}
+
+/// The function whose site is at `addr`.
+fn func_at(disc: &Discovery, addr: usize) -> Option<Site> {
+    funcs(disc.modules()).into_iter().find(|f| f.addr == addr)
+}
+
+/// Gives ids to `new` functions (reusing an id the overflow table handed out).
 fn name_sites(st: &mut State, new: &[Site]) {
-    for s in new {
-        let id = ids::overflow_id(s.addr).unwrap_or_else(|| NEXT_ID.fetch_add(1, Relaxed));
-        st.sites.insert(s.addr, id);
-        set_sym(st, id, sym_line(&st.disc, id, s));
+    for f in new {
+        let id = ids::overflow_id(f.addr).unwrap_or_else(|| NEXT_ID.fetch_add(1, Relaxed));
+        st.sites.insert(f.addr, id);
+        set_sym(st, id, sym_line(&st.disc, id, f));
     }
 }
 
-fn sym_line(disc: &Discovery, id: u32, s: &Site) -> SymLine {
+fn sym_line(disc: &Discovery, id: u32, f: &Site) -> SymLine {
     SymLine {
         id,
-        addr: (s.addr - s.offset_in_symbol) as u64,
+        addr: (f.addr - f.offset_in_symbol) as u64,
         size: 0,
-        symbol: s.symbol.clone().unwrap_or_else(|| "?".into()),
+        symbol: f.symbol.clone().unwrap_or_else(|| "?".into()),
         module: disc
-            .module(s.module)
+            .module(f.module)
             .map(|m| m.name.clone())
             .unwrap_or_else(|| "?".into()),
     }
@@ -336,9 +363,8 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
             // main-only restriction is a list of addresses.
             let mut ops = Ops::new(tracer::function_entry).flags(OpsFlags::RECURSION);
             if opts.main_only {
-                let addrs: Vec<usize> = st
-                    .disc
-                    .sites()
+                let addrs: Vec<usize> = funcs(st.disc.modules())
+                    .iter()
                     .filter(|s| selected(s))
                     .map(|s| s.addr)
                     .collect();
@@ -356,9 +382,8 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
             st.ops = Some(ops);
         }
         Tracer::FunctionGraph => {
-            let traced: std::collections::HashSet<usize> = st
-                .disc
-                .sites()
+            let traced: std::collections::HashSet<usize> = funcs(st.disc.modules())
+                .iter()
                 .filter(|s| selected(s))
                 .map(|s| s.addr)
                 .collect();
@@ -398,9 +423,8 @@ fn retrace(st: &mut State, opts: &Options) {
     let (Some(filter), Some(notrace)) = (parse(&opts.filter), parse(&opts.notrace)) else {
         return;
     };
-    let traced: std::collections::HashSet<usize> = st
-        .disc
-        .sites()
+    let traced: std::collections::HashSet<usize> = funcs(st.disc.modules())
+        .iter()
         .filter(|s| (filter.is_empty() || filter.matches(s)) && !notrace.matches(s))
         .map(|s| s.addr)
         .collect();
@@ -427,7 +451,7 @@ fn check_modules() {
     if gen != st.seen_gen
         || ids::overflow_entries()
             .iter()
-            .any(|(a, _)| st.disc.site_at(*a).is_none())
+            .any(|(a, _)| func_at(&st.disc, *a).is_none())
     {
         if let Ok(ch) = st.disc.refresh() {
             for m in &ch.removed {
@@ -436,12 +460,12 @@ fn check_modules() {
                 }
                 changed |= !m.sites.is_empty();
             }
-            let new: Vec<Site> = ch
+            let added: Vec<&Module> = ch
                 .added
                 .iter()
                 .filter_map(|id| st.disc.module(*id))
-                .flat_map(|m| m.sites.iter().cloned())
                 .collect();
+            let new = funcs(added);
             changed |= !new.is_empty();
             name_sites(st, &new);
             st.seen_gen = gen;
@@ -451,8 +475,8 @@ fn check_modules() {
         if st.syms.get(id as usize).is_some_and(Option::is_some) {
             continue;
         }
-        let line = match st.disc.site_at(addr) {
-            Some(s) => sym_line(&st.disc, id, s),
+        let line = match func_at(&st.disc, addr) {
+            Some(f) => sym_line(&st.disc, id, &f),
             None => SymLine {
                 id,
                 addr: addr as u64,

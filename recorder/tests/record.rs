@@ -1,0 +1,544 @@
+//! Records the C programs in `tests/c/` with the preloaded recorder and
+//! checks the traces (read back with `ftramp_trace::read::Trace`) against
+//! the programs' own call counters: threads, the function tracer, filters,
+//! depth, minimum duration, fork, exec, crashes, dlopen, lost events and a
+//! program without patch sites.
+
+use ftramp_trace::read::{EventKind, Process, Trace};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The recorder library cargo built for this test.
+fn preload() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let candidates = [
+        deps.join("libftramp_recorder.so"),
+        deps.parent().unwrap().join("libftramp_recorder.so"),
+    ];
+    candidates
+        .iter()
+        .filter_map(|c| Some((c.metadata().ok()?.modified().ok()?, c)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, c)| c.clone())
+        .unwrap_or_else(|| panic!("libftramp_recorder.so not found in {candidates:?}"))
+}
+
+struct Built {
+    tracee: PathBuf,
+    lib: PathBuf,
+    nosites: PathBuf,
+}
+
+/// Compiles the tracees once per test run with the host arch's site flags.
+fn built() -> &'static Built {
+    static B: OnceLock<Built> = OnceLock::new();
+    B.get_or_init(|| {
+        let spec = ftramp_codegen::Spec::builtin(ftramp_runtime_arch()).expect("host spec");
+        let site: Vec<String> = spec
+            .raw
+            .site
+            .flags
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("recorder-tracees");
+        std::fs::create_dir_all(&out).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+        // -fno-ipa-stack-alignment: gcc otherwise calls a leaf function of
+        // the same file with an unaligned stack, and the trampoline passes
+        // that on to the recorder's callbacks.
+        let mut common: Vec<String> = [
+            "-O2",
+            "-fno-inline",
+            "-fno-optimize-sibling-calls",
+            "-fno-ipa-ra",
+            "-fno-ipa-stack-alignment",
+        ]
+        .map(String::from)
+        .to_vec();
+        if cfg!(target_arch = "x86_64") {
+            common.push("-fcf-protection=none".into());
+        }
+        let cc = |args: Vec<String>| {
+            let st = Command::new("cc")
+                .args(&args)
+                .status()
+                .unwrap_or_else(|e| panic!("cc: {e}"));
+            assert!(st.success(), "cc {args:?} failed");
+        };
+        let b = Built {
+            tracee: out.join("rec_tracee"),
+            lib: out.join("librec_lib.so"),
+            nosites: out.join("rec_nosites"),
+        };
+        let s = |f: &str| src.join(f).display().to_string();
+        let p = |p: &Path| p.display().to_string();
+        cc([
+            common.clone(),
+            site.clone(),
+            vec![
+                "-o".into(),
+                p(&b.tracee),
+                s("rec_tracee.c"),
+                "-lpthread".into(),
+                "-ldl".into(),
+            ],
+        ]
+        .concat());
+        cc([
+            common.clone(),
+            site,
+            vec![
+                "-shared".into(),
+                "-fPIC".into(),
+                "-o".into(),
+                p(&b.lib),
+                s("rec_lib.c"),
+            ],
+        ]
+        .concat());
+        cc([common, vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
+        b
+    })
+}
+
+fn ftramp_runtime_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "x86_64",
+        "aarch64" => "aarch64",
+        a => panic!("no recorder tests for {a}"),
+    }
+}
+
+/// A fresh trace directory with a minimal `info` (as `ftramp record` writes).
+fn trace_dir(name: &str, tracer: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("recorder-traces")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(
+        d.join("info"),
+        format!("version = 1\ntracer = \"{tracer}\"\n"),
+    )
+    .unwrap();
+    d
+}
+
+/// Runs `prog args` recorded into `dir` with extra `env`.
+fn record(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(prog);
+    c.args(args)
+        .env("LD_PRELOAD", preload())
+        .env("FTRAMP_RECORD_DIR", dir);
+    for k in [
+        "FTRAMP_TRACER",
+        "FTRAMP_FILTER",
+        "FTRAMP_NOTRACE",
+        "FTRAMP_DEPTH",
+        "FTRAMP_MIN_DURATION",
+        "FTRAMP_MAIN_ONLY",
+        "FTRAMP_BUFFER_SIZE",
+        "FTRAMP_BUFFERS",
+        "FTRAMP_RECORD_PID",
+    ] {
+        c.env_remove(k);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// The "name count" lines a tracee prints (the last value per name wins:
+/// a fork child and its parent both print).
+fn counters(stdout: &[u8]) -> Vec<BTreeMap<String, u64>> {
+    let mut blocks = vec![BTreeMap::new()];
+    for l in String::from_utf8_lossy(stdout).lines() {
+        let Some((k, v)) = l.split_once(' ') else {
+            continue;
+        };
+        let Ok(v) = v.parse() else { continue };
+        if blocks.last().unwrap().contains_key(k) {
+            blocks.push(BTreeMap::new());
+        }
+        blocks.last_mut().unwrap().insert(k.to_string(), v);
+    }
+    blocks
+}
+
+/// Entries and exits per function name over all threads of `p`.
+fn per_function(p: &Process) -> BTreeMap<String, (u64, u64)> {
+    let mut m: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for t in &p.threads {
+        for e in &t.events {
+            let c = m.entry(p.func_name(e.func)).or_default();
+            match e.kind {
+                EventKind::Entry => c.0 += 1,
+                EventKind::Exit => c.1 += 1,
+            }
+        }
+    }
+    m
+}
+
+/// Checks that each thread's events nest: every EXIT closes the innermost
+/// open ENTRY of the same function.  Returns the deepest nesting.
+fn check_nesting(p: &Process) -> usize {
+    let mut deepest = 0;
+    for t in &p.threads {
+        let mut stack = Vec::new();
+        let mut last = 0;
+        for e in &t.events {
+            assert!(e.ns >= last, "tid {}: time goes backwards", t.tid);
+            last = e.ns;
+            match e.kind {
+                EventKind::Entry => {
+                    stack.push(e.func);
+                    deepest = deepest.max(stack.len());
+                }
+                EventKind::Exit => {
+                    assert_eq!(
+                        stack.pop(),
+                        Some(e.func),
+                        "tid {}: exit of {} does not match",
+                        t.tid,
+                        p.func_name(e.func)
+                    );
+                }
+            }
+        }
+    }
+    deepest
+}
+
+fn open(dir: &Path) -> Trace {
+    let t = Trace::open(dir).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        t.problems.is_empty(),
+        "problems reading {}: {:?}",
+        dir.display(),
+        t.problems
+    );
+    t
+}
+
+fn count(m: &BTreeMap<String, (u64, u64)>, f: &str) -> (u64, u64) {
+    m.get(f).copied().unwrap_or_default()
+}
+
+#[test]
+fn threads_exact_counts() {
+    let b = built();
+    let dir = trace_dir("threads", "function_graph");
+    let out = record(&dir, &b.tracee, &["threads"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = &counters(&out.stdout)[0];
+    let t = open(&dir);
+    assert_eq!(t.processes.len(), 1);
+    let p = &t.processes[0];
+    assert_eq!(p.exit.as_deref(), Some("code 0"));
+    assert_eq!(p.lost, 0);
+    assert_eq!(p.threads.len(), 5, "main and 4 workers");
+    let got = per_function(p);
+    for f in ["rec_fib", "rec_leaf", "rec_worker"] {
+        assert!(want[f] > 0);
+        assert_eq!(count(&got, f), (want[f], want[f]), "{f}");
+    }
+    assert_eq!(count(&got, "main"), (1, 1));
+    check_nesting(p);
+    // Worker threads ended while recorded: their last chunk says so.
+    assert_eq!(p.threads.iter().filter(|t| t.exited).count(), 4);
+}
+
+#[test]
+fn function_tracer_records_entries_only() {
+    let b = built();
+    let dir = trace_dir("function", "function");
+    let out = record(
+        &dir,
+        &b.tracee,
+        &["threads"],
+        &[("FTRAMP_TRACER", "function")],
+    );
+    assert!(out.status.success());
+    let want = &counters(&out.stdout)[0];
+    let t = open(&dir);
+    let got = per_function(&t.processes[0]);
+    for f in ["rec_fib", "rec_leaf", "rec_worker"] {
+        assert_eq!(count(&got, f), (want[f], 0), "{f}");
+    }
+}
+
+#[test]
+fn filter_and_notrace() {
+    let b = built();
+    let dir = trace_dir("filter", "function_graph");
+    let out = record(
+        &dir,
+        &b.tracee,
+        &["threads"],
+        &[("FTRAMP_FILTER", "rec_f* rec_worker")],
+    );
+    let want = &counters(&out.stdout)[0];
+    let got = per_function(&open(&dir).processes[0]);
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["rec_fib", "rec_worker"]);
+    assert_eq!(count(&got, "rec_fib"), (want["rec_fib"], want["rec_fib"]));
+
+    let dir = trace_dir("notrace", "function_graph");
+    let out = record(
+        &dir,
+        &b.tracee,
+        &["threads"],
+        &[("FTRAMP_NOTRACE", "rec_leaf;main")],
+    );
+    let want = &counters(&out.stdout)[0];
+    let p = &open(&dir).processes[0];
+    let got = per_function(p);
+    assert!(
+        !got.contains_key("rec_leaf") && !got.contains_key("main"),
+        "{got:?}"
+    );
+    assert_eq!(count(&got, "rec_fib"), (want["rec_fib"], want["rec_fib"]));
+    check_nesting(p);
+}
+
+#[test]
+fn max_depth() {
+    let b = built();
+    let dir = trace_dir("depth", "function_graph");
+    let out = record(&dir, &b.tracee, &["threads"], &[("FTRAMP_DEPTH", "2")]);
+    assert!(out.status.success());
+    let p = &open(&dir).processes[0];
+    assert_eq!(check_nesting(p), 2);
+    let got = per_function(p);
+    // Workers: rec_worker (depth 0) → 50 outermost rec_fib calls (depth 1)
+    // on each of 4 threads; on the main thread rec_fib is at depth 2.
+    assert_eq!(count(&got, "rec_fib"), (200, 200));
+    assert_eq!(count(&got, "rec_leaf"), (0, 0));
+    assert_eq!(count(&got, "rec_worker"), (5, 5));
+}
+
+#[test]
+fn min_duration_keeps_long_calls_and_their_ancestors() {
+    let b = built();
+    let dir = trace_dir("duration", "function_graph");
+    let out = record(
+        &dir,
+        &b.tracee,
+        &["duration"],
+        &[("FTRAMP_MIN_DURATION", "1ms")],
+    );
+    assert!(out.status.success());
+    let want = &counters(&out.stdout)[0];
+    assert_eq!(want["rec_slow"], 3);
+    let p = &open(&dir).processes[0];
+    check_nesting(p);
+    let got = per_function(p);
+    // rec_slow and rec_spin last 2 ms (they spin until then), main longer.
+    assert_eq!(count(&got, "main"), (1, 1));
+    assert_eq!(count(&got, "rec_slow"), (3, 3), "{got:?}");
+    assert_eq!(count(&got, "rec_spin"), (3, 3));
+    // rec_quick and rec_leaf take well under 1 ms: only a call that was
+    // preempted for that long may be recorded, and not all twelve were.
+    let short = count(&got, "rec_quick").0 + count(&got, "rec_leaf").0;
+    assert!(short < 12, "{got:?}");
+    // Each recorded call lasted at least 1 ms.
+    for t in &p.threads {
+        let mut open = Vec::new();
+        for e in &t.events {
+            match e.kind {
+                EventKind::Entry => open.push(e.ns),
+                EventKind::Exit => assert!(
+                    e.ns - open.pop().unwrap() >= 999_000,
+                    "tick rounding aside, >= 1 ms"
+                ),
+            }
+        }
+    }
+}
+
+#[test]
+fn fork_child_is_its_own_process() {
+    let b = built();
+    let dir = trace_dir("fork", "function_graph");
+    let out = record(&dir, &b.tracee, &["fork"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the parent returns the child's status"
+    );
+    let t = open(&dir);
+    assert_eq!(t.processes.len(), 2);
+    let parent = t
+        .processes
+        .iter()
+        .find(|p| p.forked_from.is_none())
+        .unwrap();
+    let child = t
+        .processes
+        .iter()
+        .find(|p| p.forked_from.is_some())
+        .unwrap();
+    assert_eq!(child.forked_from, Some((parent.pid, 0)));
+    assert_eq!(child.ppid, parent.pid);
+    assert_eq!(child.exit.as_deref(), Some("code 3"));
+    let (pc, cc) = (per_function(parent), per_function(child));
+    assert_eq!(count(&cc, "rec_child"), (7, 7));
+    assert_eq!(count(&pc, "rec_child"), (0, 0));
+    assert_eq!(count(&pc, "rec_before"), (1, 1));
+    assert_eq!(count(&pc, "rec_after"), (1, 1));
+    assert_eq!(
+        count(&cc, "rec_before"),
+        (0, 0),
+        "the parent's events are not repeated in the child"
+    );
+    assert_eq!(count(&cc, "rec_after"), (0, 0));
+}
+
+#[test]
+fn exec_starts_a_new_image() {
+    let b = built();
+    let dir = trace_dir("exec", "function_graph");
+    let out = record(&dir, &b.tracee, &["exec"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = open(&dir);
+    assert_eq!(t.processes.len(), 2);
+    let (a, b) = (&t.processes[0], &t.processes[1]);
+    assert_eq!((a.pid, a.image, b.pid, b.image), (a.pid, 0, a.pid, 1));
+    assert_eq!(a.exit.as_deref(), Some("exec"));
+    assert_eq!(b.exit.as_deref(), Some("code 0"));
+    assert_eq!(count(&per_function(a), "rec_before"), (1, 1));
+    // main of the first image never returned.
+    assert_eq!(count(&per_function(a), "main"), (1, 0));
+    assert_eq!(count(&per_function(b), "rec_child"), (5, 5));
+}
+
+fn check_crash(mode: &str, signal: i32, exit: &str, last: &str) {
+    let b = built();
+    let dir = trace_dir(mode, "function_graph");
+    let out = record(&dir, &b.tracee, &[mode], &[]);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(signal), "dies the same way");
+    let p = &open(&dir).processes[0];
+    assert_eq!(p.exit.as_deref(), Some(exit));
+    let got = per_function(p);
+    assert_eq!(count(&got, "rec_after"), (10, 10));
+    assert_eq!(count(&got, "rec_before"), (1, 1));
+    // The crashing call and main are unfinished.
+    assert_eq!(count(&got, last), (1, 0));
+    assert_eq!(count(&got, "main"), (1, 0));
+}
+
+#[test]
+fn segv_flushes_what_was_recorded() {
+    check_crash("segv", libc_sig::SEGV, "signal 11 (SIGSEGV)", "rec_crash");
+}
+
+#[test]
+fn abort_flushes_what_was_recorded() {
+    check_crash("abort", libc_sig::ABRT, "signal 6 (SIGABRT)", "rec_abort");
+}
+
+mod libc_sig {
+    pub const SEGV: i32 = 11;
+    pub const ABRT: i32 = 6;
+}
+
+#[test]
+fn dlopened_library_is_traced() {
+    let b = built();
+    let dir = trace_dir("dlopen", "function_graph");
+    let out = record(&dir, &b.tracee, &["dlopen", b.lib.to_str().unwrap()], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = &counters(&out.stdout)[0];
+    assert_eq!(want["reclib_sum"], 1, "the library computed the right sum");
+    let p = &open(&dir).processes[0];
+    let got = per_function(p);
+    assert_eq!(count(&got, "reclib_sum"), (1, 1), "{got:?}");
+    assert_eq!(count(&got, "reclib_add"), (20, 20));
+    let sym = p.symbols.iter().find(|s| s.name == "reclib_add").unwrap();
+    assert!(sym.module.ends_with("librec_lib.so"), "{}", sym.module);
+    check_nesting(p);
+}
+
+#[test]
+fn dlopened_library_with_a_filter() {
+    let b = built();
+    let dir = trace_dir("dlopen-filter", "function_graph");
+    let out = record(
+        &dir,
+        &b.tracee,
+        &["dlopen", b.lib.to_str().unwrap()],
+        &[("FTRAMP_FILTER", "reclib_* rec_after")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = per_function(&open(&dir).processes[0]);
+    assert_eq!(count(&got, "reclib_add"), (20, 20), "{got:?}");
+    assert_eq!(count(&got, "rec_after"), (1, 1));
+    assert_eq!(count(&got, "rec_leaf"), (0, 0));
+}
+
+#[test]
+fn lost_events_are_counted_and_reported() {
+    let b = built();
+    let dir = trace_dir("lost", "function_graph");
+    let n = 2_000_000u64;
+    let out = record(
+        &dir,
+        &b.tracee,
+        &["loop", &n.to_string()],
+        &[("FTRAMP_BUFFER_SIZE", "4K"), ("FTRAMP_BUFFERS", "2")],
+    );
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let p = &open(&dir).processes[0];
+    assert!(p.lost > 0, "2M calls through two 4K buffers lose events");
+    assert!(
+        stderr.contains(&format!("{} events lost", p.lost)),
+        "{stderr}"
+    );
+    // Every event is either in the trace or counted as lost: main, counts
+    // and n calls of rec_leaf, entry and exit each.
+    let recorded: u64 = p.threads.iter().map(|t| t.events.len() as u64).sum();
+    assert_eq!(recorded + p.lost, 2 * (n + 2));
+    let chunk_lost: u64 = p.threads.iter().map(|t| t.lost).sum();
+    assert_eq!(chunk_lost, p.lost, "the chunk headers carry every loss");
+}
+
+#[test]
+fn program_without_sites_runs_and_gets_advice() {
+    let b = built();
+    let dir = trace_dir("nosites", "function_graph");
+    let out = record(&dir, &b.nosites, &[], &[]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran 42\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no patchable function entries")
+            && stderr.contains("-fpatchable-function-entry="),
+        "{stderr}"
+    );
+    let p = &open(&dir).processes[0];
+    assert_eq!(p.exit.as_deref(), Some("code 0"));
+    assert!(p.threads.iter().all(|t| t.events.is_empty()));
+}
