@@ -398,7 +398,12 @@ fn random_damage_never_panics() {
             (p, b)
         })
         .collect();
-    for round in 0..400 {
+    // FTRAMP_DAMAGE_ROUNDS=N runs more rounds (a longer fuzz-like run).
+    let rounds: usize = std::env::var("FTRAMP_DAMAGE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
+    for round in 0..rounds {
         for (p, b) in &pristine {
             std::fs::write(p, b).unwrap();
         }
@@ -456,7 +461,12 @@ fn random_damage_never_panics() {
 fn garbage_files_never_panic() {
     let mut rng = Rng(42);
     let dir = tempdir();
-    for round in 0..100 {
+    let rounds: usize = std::env::var("FTRAMP_DAMAGE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400)
+        / 4;
+    for round in 0..rounds {
         let len = rng.below(4096);
         let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
         // Sprinkle valid-looking magics so the resync path runs.
