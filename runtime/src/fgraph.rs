@@ -519,10 +519,6 @@ struct Shadow {
     misses: Cell<u64>,
     /// While an entry callback runs: its user, and the frame base.
     cur_user: Cell<usize>,
-    /// While a return callback runs: the frame base and its FRAME header
-    /// index (data blocks lie between).
-    ret_base: Cell<usize>,
-    ret_head: Cell<usize>,
     /// While entry callbacks run: the base of the frame being built (the
     /// end of the complete frames); `usize::MAX` otherwise.
     building: Cell<usize>,
@@ -542,8 +538,6 @@ impl Shadow {
             busy: Cell::new(false),
             misses: Cell::new(0),
             cur_user: Cell::new(0),
-            ret_base: Cell::new(0),
-            ret_head: Cell::new(0),
             building: Cell::new(usize::MAX),
             task_vars: [const { Cell::new(0) }; MAX_USERS],
             task_epochs: [const { Cell::new(0) }; MAX_USERS],
@@ -638,6 +632,16 @@ impl Shadow {
             top = fb;
             Some((fb, h))
         })
+    }
+
+    /// While return callbacks run (the frame returned from is the top one:
+    /// nothing is pushed while `busy`): where its data blocks start, and its
+    /// FRAME header's index (they lie between).
+    fn ret_frame(&self) -> (usize, usize) {
+        match self.top_frame() {
+            Some((fb, h)) => (fb + word::FIXED, fb + word::off(h)),
+            None => (0, 0),
+        }
     }
 
     fn pop(&self, fb: usize) {
@@ -859,9 +863,9 @@ impl GraphRet {
     pub fn retrieve_data(&self) -> Option<&mut [u8]> {
         SHADOW
             .try_with(|sh| {
-                let base = sh.ret_base.get() + word::FIXED;
+                let (base, head) = sh.ret_frame();
                 let user = sh.cur_user.get();
-                let mut h = sh.ret_head.get();
+                let mut h = head;
                 let mut found = None;
                 // Walk the DATA headers down; the lowest block of the user
                 // is its first reservation.
@@ -896,9 +900,9 @@ impl GraphRet {
         let mut n = 0;
         let complete = Some(shadow())
             .map(|sh| {
-                let base = sh.ret_base.get() + word::FIXED;
+                let (base, head) = sh.ret_frame();
                 let user = sh.cur_user.get();
-                let mut h = sh.ret_head.get();
+                let mut h = head;
                 while h > base {
                     let w = sh.get(h - 1);
                     if word::kind(w) != word::TYPE_DATA {
@@ -942,12 +946,12 @@ impl GraphRet {
     pub fn retrieve_data_nth(&self, n: usize) -> Option<&mut [u8]> {
         SHADOW
             .try_with(|sh| {
-                let base = sh.ret_base.get() + word::FIXED;
+                let (base, head) = sh.ret_frame();
                 let user = sh.cur_user.get();
                 // Walk the DATA headers down twice (no allocation): count
                 // this user's blocks, then pick the n-th from the bottom.
                 let walk = |f: &mut dyn FnMut(usize, usize, usize)| {
-                    let mut h = sh.ret_head.get();
+                    let mut h = head;
                     while h > base {
                         let w = sh.get(h - 1);
                         if word::kind(w) != word::TYPE_DATA {
@@ -1008,14 +1012,10 @@ fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> Option<usize> {
     };
     let ret = sh.get(fb + word::RET) as usize;
     let calltime = sh.get(fb + word::CALLTIME);
-    let rec = GraphRet {
-        func: sh.get(fb + word::FUNC) as usize,
-        depth: sh.depth.get() - 1,
-        calltime: if calltime != 0 { clock::ticks_to_ns(calltime) } else { 0 },
-        rettime: if TIMESTAMPS.load(Relaxed) { clock::ticks_to_ns(clock::ticks()) } else { 0 },
-    };
-    sh.ret_base.set(fb);
-    sh.ret_head.set(fb + word::off(head));
+    // A frame pushed with a time gets one at return.
+    let (calltime, rettime) = if calltime != 0 { (clock::ticks_to_ns(calltime), clock::ticks_to_ns(clock::ticks())) } else { (0, 0) };
+    let depth = sh.depth.get() - 1;
+    let rec = GraphRet { func: sh.get(fb + word::FUNC) as usize, depth, calltime, rettime };
     let epoch = word::epoch(head);
     let mut m = word::bitmap(head);
     let mut call = |slot: usize| {
@@ -1033,7 +1033,8 @@ fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> Option<usize> {
             call(slot);
         }
     }
-    sh.pop(fb);
+    sh.top.set(fb);
+    sh.depth.set(depth);
     sh.busy.set(was_busy);
     Some(ret)
 }
