@@ -1,0 +1,200 @@
+//! `ftramp record`: records a C program end to end (the recorder library
+//! found next to the binary), passes the program's exit status on, and
+//! refuses bad input with messages naming it.
+
+use ftramp_trace::read::{EventKind, Trace};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn ftramp() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ftramp"))
+}
+
+/// `recorder/tests/c/rec_tracee.c` built with the flags `ftramp cflags` prints.
+fn tracee() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let arch = std::env::consts::ARCH;
+        let flags = ftramp().args(["cflags", "-a", arch]).output().unwrap();
+        assert!(flags.status.success());
+        let flags = String::from_utf8(flags.stdout).unwrap();
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-tracee");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recorder/tests/c/rec_tracee.c");
+        let st = Command::new("cc")
+            .args([
+                "-O2",
+                "-fno-inline",
+                "-fno-optimize-sibling-calls",
+                "-fno-ipa-stack-alignment",
+            ])
+            .args(flags.split_whitespace())
+            .arg("-o")
+            .arg(&out)
+            .arg(&src)
+            .args(["-lpthread", "-ldl"])
+            .status()
+            .unwrap();
+        assert!(st.success(), "compiling {}", src.display());
+        out
+    })
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("record-cli")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(d.parent().unwrap()).unwrap();
+    d
+}
+
+fn record(out: &Path, opts: &[&str], prog: &Path, args: &[&str]) -> Output {
+    ftramp()
+        .arg("record")
+        .arg("-o")
+        .arg(out)
+        .args(opts)
+        .arg("--")
+        .arg(prog)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn records_threads_and_writes_info() {
+    let d = dir("threads");
+    let o = record(&d, &["-F", "rec_*"], tracee(), &["threads"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 process image recorded"),
+        "{}",
+        stderr(&o)
+    );
+    let info = std::fs::read_to_string(d.join("info")).unwrap();
+    assert!(
+        info.contains("tracer = \"function_graph\"") && info.contains("\"threads\"]"),
+        "{info}"
+    );
+    let t = Trace::open(&d).unwrap();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let p = &t.processes[0];
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let want: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rec_fib "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let fib = p.symbols.iter().find(|s| s.name == "rec_fib").unwrap().id;
+    let entries = p
+        .threads
+        .iter()
+        .flat_map(|t| &t.events)
+        .filter(|e| e.func == fib && e.kind == EventKind::Entry)
+        .count();
+    assert_eq!(entries as u64, want);
+    assert!(
+        p.threads
+            .iter()
+            .flat_map(|t| &t.events)
+            .all(|e| p.func_name(e.func) != "main"),
+        "-F rec_* leaves main out"
+    );
+}
+
+#[test]
+fn exit_status_is_the_programs() {
+    let d = dir("status");
+    let o = record(&d, &[], tracee(), &["fork"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("2 process images recorded"),
+        "{}",
+        stderr(&o)
+    );
+    let o = record(&d, &[], tracee(), &["segv"]);
+    assert_eq!(o.status.code(), Some(128 + 11));
+    assert!(stderr(&o).contains("killed by signal 11"), "{}", stderr(&o));
+    // The old trace was replaced.
+    let t = Trace::open(&d).unwrap();
+    assert_eq!(t.processes.len(), 1);
+    assert_eq!(t.processes[0].exit.as_deref(), Some("signal 11 (SIGSEGV)"));
+}
+
+#[test]
+fn program_without_sites_gets_advice() {
+    let d = dir("nosites");
+    let o = record(&d, &[], Path::new("true"), &[]);
+    assert!(o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("no patchable function entries") && e.contains("-fpatchable-function-entry="),
+        "{e}"
+    );
+    assert_eq!(
+        e.matches("no patchable function entries").count(),
+        1,
+        "said once: {e}"
+    );
+}
+
+#[test]
+fn bad_input_is_refused_with_a_reason() {
+    let d = dir("bad");
+    let cases: &[(&[&str], &str, &str)] = &[
+        (
+            &[],
+            "no-such-program-here",
+            "program not found: no-such-program-here",
+        ),
+        (
+            &["-t", "function", "-D", "2"],
+            "true",
+            "--depth needs the function_graph tracer",
+        ),
+        (
+            &["-t", "function", "--min-duration", "1us"],
+            "true",
+            "--min-duration needs the function_graph tracer",
+        ),
+        (&["--min-duration", "3 parsecs"], "true", "--min-duration"),
+        (&["--buffer-size", "1K"], "true", "between 4K and 16M"),
+        (&["-F", "[oops"], "true", "bad filter `[oops`"),
+    ];
+    for (opts, prog, want) in cases {
+        let o = record(&d, opts, Path::new(prog), &[]);
+        assert!(!o.status.success(), "{opts:?} {prog}");
+        assert!(stderr(&o).contains(want), "{opts:?}: {}", stderr(&o));
+    }
+    // A directory that is not a trace is not overwritten.
+    let keep = dir("not-a-trace");
+    std::fs::create_dir_all(&keep).unwrap();
+    std::fs::write(keep.join("precious.txt"), "data").unwrap();
+    let o = record(&keep, &[], Path::new("true"), &[]);
+    assert!(
+        stderr(&o).contains("refusing to overwrite"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(keep.join("precious.txt").exists());
+    // A preload library that is not there.
+    let o = ftramp()
+        .env("FTRAMP_PRELOAD", "/nonexistent/libftramp_recorder.so")
+        .args(["record", "-o"])
+        .arg(dir("preload"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&o)
+            .contains("FTRAMP_PRELOAD=/nonexistent/libftramp_recorder.so does not name a file"),
+        "{}",
+        stderr(&o)
+    );
+}
