@@ -1,0 +1,271 @@
+//! README's "Building programs for tracing", checked: a C++ program built by
+//! g++ and by clang++ with `ftramp cflags`, and a Rust program built by a
+//! nightly rustc with `-Z patchable-function-entry`, recorded by `ftramp
+//! record`. Each program counts its own calls (`calls <name> <n>`); the
+//! trace must hold exactly that many entries and exits of each counted
+//! function (other functions, e.g. template instances of the standard
+//! library, may be traced too). A missing compiler skips its case with a
+//! message.
+
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+
+use ftramp_trace::read::{demangle, EventKind, Trace};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const CXX: &str = r#"
+#include <atomic>
+#include <cstdio>
+#include <vector>
+#define FUNC __attribute__((noinline))
+
+static std::atomic<unsigned long> n_ctor, n_area, n_twice, n_total;
+
+struct Shape {
+    virtual ~Shape() {}
+    virtual double area() const = 0;
+};
+
+struct Square : Shape {
+    double side;
+    FUNC explicit Square(double s) : side(s) { n_ctor++; }
+    FUNC double area() const override { n_area++; return side * side; }
+};
+
+template <typename T> FUNC T twice(T x) { n_twice++; return x + x; }
+
+FUNC double total(const std::vector<Shape *> &shapes)
+{
+    n_total++;
+    double t = 0;
+    for (const Shape *s : shapes)
+        t += twice(s->area());
+    return t;
+}
+
+int main()
+{
+    std::vector<Shape *> shapes;
+    for (int i = 0; i < 5; i++)
+        shapes.push_back(new Square(i));
+    double t = 0;
+    for (int r = 0; r < 3; r++)
+        t += total(shapes);
+    for (Shape *s : shapes)
+        delete s;
+    std::printf("total %g\n", t);
+    std::printf("calls main 1\ncalls Square::Square %lu\ncalls Square::area %lu\n", n_ctor.load(), n_area.load());
+    std::printf("calls twice<double> %lu\ncalls total %lu\n", n_twice.load(), n_total.load());
+    return 0;
+}
+"#;
+
+const RUST: &str = r#"
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+static INNER: AtomicU64 = AtomicU64::new(0);
+static OUTER: AtomicU64 = AtomicU64::new(0);
+
+#[inline(never)]
+fn inner(x: u64) -> u64 {
+    INNER.fetch_add(1, Relaxed);
+    black_box(x) * 3
+}
+
+#[inline(never)]
+fn outer(x: u64) -> u64 {
+    OUTER.fetch_add(1, Relaxed);
+    inner(x) + inner(x + 1)
+}
+
+fn main() {
+    let mut s = 0;
+    for i in 0..black_box(7) {
+        s += outer(i);
+    }
+    println!("sum {s}");
+    println!("calls prog::outer {}", OUTER.load(Relaxed));
+    println!("calls prog::inner {}", INNER.load(Relaxed));
+}
+"#;
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ftramp-build-flags-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn runs(prog: &str, args: &[&str]) -> bool {
+    Command::new(prog)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `ftramp cflags` for this machine.
+fn cflags() -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_ftramp"))
+        .args(["cflags", "-a", std::env::consts::ARCH])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+fn compile(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Records `exe`; returns (the program's own counts, the trace's entry
+/// and exit counts per demangled name).
+fn record(
+    dir: &Path,
+    exe: &Path,
+) -> (
+    BTreeMap<String, u64>,
+    BTreeMap<String, u64>,
+    BTreeMap<String, u64>,
+) {
+    let trace_dir = dir.join("trace");
+    let out = Command::new(env!("CARGO_BIN_EXE_ftramp"))
+        .arg("record")
+        .arg("-o")
+        .arg(&trace_dir)
+        .arg("--")
+        .arg(exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ftramp record failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want: BTreeMap<String, u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (name, n) = l.strip_prefix("calls ")?.rsplit_once(' ')?;
+            Some((name.to_string(), n.parse().ok()?))
+        })
+        .collect();
+    assert!(
+        !want.is_empty(),
+        "the program printed no counts:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let trace = Trace::open(&trace_dir).expect("the trace opens");
+    assert!(trace.problems.is_empty(), "{:?}", trace.problems);
+    let (mut entries, mut exits) = (BTreeMap::new(), BTreeMap::new());
+    for p in &trace.processes {
+        assert_eq!(p.lost, 0);
+        for t in &p.threads {
+            for e in &t.events {
+                let raw = p.func_name(e.func);
+                let name = demangle(&raw).unwrap_or(raw);
+                let m = if e.kind == EventKind::Entry {
+                    &mut entries
+                } else {
+                    &mut exits
+                };
+                *m.entry(name).or_insert(0) += 1;
+            }
+        }
+    }
+    (want, entries, exits)
+}
+
+fn check(dir: &Path, exe: &Path) {
+    let (want, entries, exits) = record(dir, exe);
+    for (name, n) in &want {
+        assert_eq!(
+            entries.get(name),
+            Some(n),
+            "entries of {name}; traced: {entries:?}"
+        );
+        assert_eq!(
+            exits.get(name),
+            Some(n),
+            "exits of {name}; traced: {exits:?}"
+        );
+    }
+}
+
+#[test]
+fn cxx_built_by_gxx_and_clangxx_is_traced() {
+    let mut tested = 0;
+    for cxx in ["g++", "clang++-14"] {
+        if !runs(cxx, &["--version"]) {
+            eprintln!("skipped: {cxx} is not installed");
+            continue;
+        }
+        let dir = scratch(cxx);
+        std::fs::write(dir.join("prog.cpp"), CXX).unwrap();
+        let mut flags = cflags();
+        if cxx.starts_with("clang") {
+            flags.retain(|f| f != "-fno-ipa-ra");
+        }
+        let exe = dir.join("prog");
+        compile(
+            Command::new(cxx)
+                .arg("-O2")
+                .args(&flags)
+                .arg("-o")
+                .arg(&exe)
+                .arg(dir.join("prog.cpp")),
+        );
+        check(&dir, &exe);
+        let _ = std::fs::remove_dir_all(&dir);
+        tested += 1;
+    }
+    if tested == 0 {
+        eprintln!("skipped: no C++ compiler");
+    }
+}
+
+#[test]
+fn rust_built_by_nightly_with_patchable_entries_is_traced() {
+    if !runs("rustc", &["+nightly", "--version"]) {
+        eprintln!("skipped: no nightly rustc (rustup toolchain install nightly)");
+        return;
+    }
+    // The same number of NOPs as the C flag (`-fpatchable-function-entry=5`).
+    let nops = cflags()
+        .iter()
+        .find_map(|f| {
+            f.strip_prefix("-fpatchable-function-entry=")
+                .map(String::from)
+        })
+        .expect("the site flags of this arch use -fpatchable-function-entry");
+    let dir = scratch("rust");
+    std::fs::write(dir.join("prog.rs"), RUST).unwrap();
+    let exe = dir.join("prog");
+    compile(
+        Command::new("rustc")
+            .args([
+                "+nightly",
+                "-O",
+                "--crate-name",
+                "prog",
+                &format!("-Zpatchable-function-entry={nops}"),
+                "-o",
+            ])
+            .arg(&exe)
+            .arg(dir.join("prog.rs")),
+    );
+    check(&dir, &exe);
+    let _ = std::fs::remove_dir_all(&dir);
+}
