@@ -326,6 +326,7 @@ fn summarize(dir: &Path) -> Summary {
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         let num = |key: &str| {
             text.lines()
+                .rev()
                 .filter_map(|l| {
                     l.strip_prefix(key)?
                         .trim_start()
@@ -334,7 +335,7 @@ fn summarize(dir: &Path) -> Summary {
                         .parse::<u64>()
                         .ok()
                 })
-                .last()
+                .next()
                 .unwrap_or(0)
         };
         s.sites += num("sites");

@@ -109,6 +109,14 @@ impl Pool {
         unsafe { self.base.add(i * self.stride) }
     }
 
+    /// The first `len` bytes of buffer `i` (`len <= stride`).
+    fn bytes(&self, i: usize, len: usize) -> &[u8] {
+        // SAFETY: inside buffer i of the mapping, which lives for the
+        // process; the caller owns the buffer (FULL and being written, or
+        // claimed by a flush), so nobody writes these bytes meanwhile.
+        unsafe { std::slice::from_raw_parts(self.buf(i), len.min(self.stride)) }
+    }
+
     fn payload_words(&self) -> u32 {
         ((self.stride - CHUNK_HEADER_SIZE) / 8) as u32
     }
@@ -142,19 +150,20 @@ impl Pool {
             return false;
         };
         let len = CHUNK_HEADER_SIZE + chunk_len(self.buf(i));
-        write_all(fd, self.buf(i), len);
+        write_all(fd, self.bytes(i, len));
         self.states[i].store(FREE, Release);
         true
     }
 
     /// Frees every buffer and empties every slot except `keep` (a fork child:
     /// the parent's unwritten events are the parent's).
-    pub fn reset_after_fork(&self, keep: *const Slot, now: u64) {
+    pub fn reset_after_fork(&self, keep: Option<&Slot>, now: u64) {
+        let keep_ptr: *const Slot = keep.map_or(std::ptr::null(), |s| s as *const Slot);
         for s in self.states.iter() {
             s.store(FREE, Relaxed);
         }
         for slot in SLOTS.iter() {
-            if std::ptr::eq(slot, keep) {
+            if std::ptr::eq(slot, keep_ptr) {
                 continue;
             }
             slot.busy.store(IDLE, Relaxed);
@@ -163,10 +172,7 @@ impl Pool {
         }
         STOPPED.store(false, Relaxed);
         LOST_UNSLOTTED.store(0, Relaxed);
-        if let Some(slot) = (!keep.is_null()).then(|| {
-            // SAFETY: `keep` points into SLOTS.
-            unsafe { &*keep }
-        }) {
+        if let Some(slot) = keep {
             let b = slot.buf.load(Relaxed);
             slot.clear();
             slot.busy.store(IDLE, Relaxed);
@@ -189,7 +195,8 @@ fn chunk_len(buf: *const u8) -> usize {
 }
 
 /// `write(2)` until done or an error (async-signal-safe).
-pub fn write_all(fd: i32, mut p: *const u8, mut len: usize) -> bool {
+pub fn write_all(fd: i32, bytes: &[u8]) -> bool {
+    let (mut p, mut len) = (bytes.as_ptr(), bytes.len());
     while len > 0 {
         // SAFETY: `p..p+len` is readable memory the caller owns.
         let n = unsafe { libc::write(fd, p as *const libc::c_void, len) };
@@ -572,11 +579,14 @@ pub fn flush_all(fd: i32) {
                     time: slot.prev.load(Relaxed),
                 }
                 .encode();
-                write_all(fd, h.as_ptr(), h.len());
+                write_all(fd, &h);
             }
         }
         if let Some(b) = slot.seal(pool, ftramp_trace::format::FLAG_FLUSH) {
-            write_all(fd, pool.buf(b), CHUNK_HEADER_SIZE + chunk_len(pool.buf(b)));
+            write_all(
+                fd,
+                pool.bytes(b, CHUNK_HEADER_SIZE + chunk_len(pool.buf(b))),
+            );
             // The same buffer, emptied (events after this point go into it
             // if the process goes on).
             slot.take(pool, b, ftramp_runtime::clock::ticks());
@@ -610,6 +620,8 @@ pub fn lost_total() -> u64 {
 }
 
 /// This thread's slot, for fork (null if it recorded nothing).
-pub fn current_slot() -> *const Slot {
-    CUR.with(|c| c.get())
+pub fn current_slot() -> Option<&'static Slot> {
+    let p = CUR.with(|c| c.get());
+    // SAFETY: CUR only ever points into SLOTS.
+    (!p.is_null()).then(|| unsafe { &*p })
 }

@@ -207,7 +207,7 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
         toml_u64(c.base_ns)
     );
     let info_fd = info.into_raw_fd();
-    pool::write_all(info_fd, text.as_ptr(), text.len());
+    pool::write_all(info_fd, text.as_bytes());
     PID.store(pid, Relaxed);
     IMAGE.store(n, Relaxed);
     for (a, fd) in [(&INFO_FD, info_fd), (&SYM_FD, sym), (&DAT_FD, dat)] {
@@ -222,7 +222,7 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
 }
 
 fn append_info(s: &str) {
-    pool::write_all(INFO_FD.load(Relaxed), s.as_ptr(), s.len());
+    pool::write_all(INFO_FD.load(Relaxed), s.as_bytes());
 }
 
 /// A TOML basic string.
@@ -330,7 +330,7 @@ fn write_syms(st: &mut State) {
         st.written += 1;
     }
     if !text.is_empty() {
-        pool::write_all(SYM_FD.load(Relaxed), text.as_ptr(), text.len());
+        pool::write_all(SYM_FD.load(Relaxed), text.as_bytes());
     }
 }
 
@@ -611,20 +611,20 @@ fn finish(ending: Ending, tries: u32) -> bool {
         }
     }
     let mut b = StackBuf::new();
-    let _ = write!(b, "lost = {lost}\n");
+    let _ = writeln!(b, "lost = {lost}");
     let _ = match ending {
-        Ending::Code(c) => write!(b, "exit = \"code {c}\"\n"),
-        Ending::Signal(s) => write!(b, "exit = \"signal {s} ({})\"\n", signal_name(s)),
-        Ending::Exec => write!(b, "exit = \"exec\"\n"),
+        Ending::Code(c) => writeln!(b, "exit = \"code {c}\""),
+        Ending::Signal(s) => writeln!(b, "exit = \"signal {s} ({})\"", signal_name(s)),
+        Ending::Exec => writeln!(b, "exit = \"exec\""),
     };
-    pool::write_all(info, b.bytes().as_ptr(), b.len);
+    pool::write_all(info, b.bytes());
     if lost > 0 && !matches!(ending, Ending::Exec) {
         let mut m = StackBuf::new();
-        let _ = write!(
+        let _ = writeln!(
             m,
-            "ftramp record: pid {pid}: {lost} events lost (buffers full or shadow stack too small); try a larger --buffer-size\n"
+            "ftramp record: pid {pid}: {lost} events lost (buffers full or shadow stack too small); try a larger --buffer-size"
         );
-        pool::write_all(2, m.bytes().as_ptr(), m.len);
+        pool::write_all(2, m.bytes());
     }
     // Keep the I/O lock: nothing is written after the final flush (an exec
     // that fails gives it back).
