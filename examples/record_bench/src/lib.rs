@@ -233,6 +233,9 @@ impl Row {
     }
 }
 
+/// The command of one traced run: `(executable, output directory)`.
+type MakeCommand = Box<dyn Fn(&Path, &Path) -> Command>;
+
 /// How a tracer records the tracee: its row name, which build it runs and
 /// the command for one run writing into `out` (a fresh directory).
 struct Tracer {
@@ -241,7 +244,7 @@ struct Tracer {
     /// Create the output directory before the run (XRay writes a file into
     /// it; uftrace and ftramp create theirs).
     mkdir: bool,
-    command: Box<dyn Fn(&Path, &Path) -> Command>,
+    command: MakeCommand,
 }
 
 /// Where the `ftramp` binary is: `--ftramp`, else next to this program
