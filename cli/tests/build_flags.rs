@@ -217,6 +217,8 @@ fn cxx_built_by_gxx_and_clangxx_is_traced() {
         let mut flags = cflags();
         if cxx.starts_with("clang") {
             flags.retain(|f| f != "-fno-ipa-ra");
+        } else {
+            flags.push("-fno-ipa-stack-alignment".into());
         }
         let exe = dir.join("prog");
         compile(
