@@ -26,7 +26,7 @@
 
 use ftramp_trace::format::{ChunkHeader, Event, CHUNK_HEADER_SIZE};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// Threads recorded at once (a thread's slot is reused after it exits).
 pub const MAX_THREADS: usize = 4096;
@@ -57,8 +57,6 @@ unsafe impl Send for Pool {}
 
 static POOL: AtomicPtr<Pool> = AtomicPtr::new(std::ptr::null_mut());
 static TICKET: AtomicU64 = AtomicU64::new(1);
-/// Where acquiring starts scanning (spreads threads over the pool).
-static HINT: AtomicUsize = AtomicUsize::new(0);
 /// Set by the final flush: no buffer is handed out any more.
 static STOPPED: AtomicBool = AtomicBool::new(false);
 /// Events lost outside any slot (no slot free, or a thread already torn down).
@@ -121,13 +119,15 @@ impl Pool {
         ((self.stride - CHUNK_HEADER_SIZE) / 8) as u32
     }
 
-    /// Takes a FREE buffer.
+    /// Takes the FREE buffer with the lowest index: the pool is mapped
+    /// lazily, so reusing low buffers keeps the memory touched (resident)
+    /// as small as the threads and the writer's lag need.
     fn acquire(&self) -> Option<usize> {
-        let start = HINT.fetch_add(1, Relaxed);
-        (0..self.n).map(|k| (start + k) % self.n).find(|&i| {
-            self.states[i]
-                .compare_exchange(FREE, OWNED, Acquire, Relaxed)
-                .is_ok()
+        (0..self.n).find(|&i| {
+            self.states[i].load(Relaxed) == FREE
+                && self.states[i]
+                    .compare_exchange(FREE, OWNED, Acquire, Relaxed)
+                    .is_ok()
         })
     }
 
