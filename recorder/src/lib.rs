@@ -12,6 +12,8 @@
 //! exported constructor and `exec*`/`_exit` interposers (this file), each
 //! with the reason it is sound.
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod execl;
 pub mod ids;
 pub mod options;
 pub mod pool;

@@ -425,6 +425,33 @@ fn exec_starts_a_new_image() {
     assert_eq!(count(&per_function(b), "rec_child"), (5, 5));
 }
 
+#[test]
+fn variadic_execs_are_followed() {
+    let b = built();
+    for mode in ["execl", "execle", "execlp"] {
+        let dir = trace_dir(mode, "function_graph");
+        // execlp searches PATH for argv[0]: give it the full path.
+        let out = record(&dir, &b.tracee, &[mode], &[]);
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let t = open(&dir);
+        assert_eq!(t.processes.len(), 2, "{mode}");
+        let (a, b) = (&t.processes[0], &t.processes[1]);
+        assert_eq!(a.exit.as_deref(), Some("exec"), "{mode}");
+        assert_eq!(
+            count(&per_function(a), "rec_before"),
+            (1, 1),
+            "{mode}: flushed before the exec"
+        );
+        assert_eq!(b.args.len(), 9, "{mode}: {:?}", b.args);
+        assert_eq!(b.args[8], "g", "{mode}: the arguments passed on the stack arrived");
+        assert_eq!(count(&per_function(b), "rec_child"), (5, 5), "{mode}");
+    }
+}
+
 fn check_crash(mode: &str, signal: i32, exit: &str, last: &str) {
     let b = built();
     let dir = trace_dir(mode, "function_graph");

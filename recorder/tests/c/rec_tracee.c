@@ -127,7 +127,23 @@ int main(int argc, char **argv)
         perror("execv");
         return 1;
     }
+    if (!strcmp(mode, "execl") || !strcmp(mode, "execle") || !strcmp(mode, "execlp")) {
+        /* The variadic exec functions, with more arguments than fit in registers. */
+        extern char **environ;
+        rec_before();
+        counts();
+        if (!strcmp(mode, "execl"))
+            execl("/proc/self/exe", argv[0], "exec-child", "a", "b", "c", "d", "e", "f", "g", (char *)NULL);
+        else if (!strcmp(mode, "execle"))
+            execle("/proc/self/exe", argv[0], "exec-child", "a", "b", "c", "d", "e", "f", "g", (char *)NULL, environ);
+        else
+            execlp(argv[0], argv[0], "exec-child", "a", "b", "c", "d", "e", "f", "g", (char *)NULL);
+        perror(mode);
+        return 1;
+    }
     if (!strcmp(mode, "exec-child")) {
+        if (argc > 2 && (argc != 9 || strcmp(argv[8], "g")))
+            return 9;
         for (int i = 0; i < 5; i++)
             rec_child();
         counts();
