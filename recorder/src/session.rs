@@ -440,9 +440,12 @@ fn retrace(st: &mut State, opts: &Options) {
 
 /// Picks up `dlopen`/`dlclose` and ids handed out by the overflow table.
 fn check_modules() {
+    check_modules_with(state());
+}
+
+fn check_modules_with(mut guard: MutexGuard<'static, Option<State>>) {
     let gen = sites::loader_generation();
     let ov = OV_COUNT.load(Acquire);
-    let mut guard = state();
     let Some(st) = guard.as_mut() else { return };
     if gen == st.seen_gen && ov == st.seen_ov {
         return;
@@ -640,8 +643,19 @@ extern "C" fn at_exit(status: libc::c_int, _arg: *mut libc::c_void) {
 /// Names the functions that got ids since the writer last looked (not
 /// from a signal handler: it allocates and locks).
 fn last_names() {
-    if PID.load(Relaxed) == std::process::id() {
-        check_modules();
+    if PID.load(Relaxed) != std::process::id() {
+        return;
+    }
+    // The writer may hold the state (a dlopen being handled, which can wait
+    // for the engine): wait for it a while, but never hang the exit.
+    for _ in 0..2000 {
+        match STATE.try_lock() {
+            Ok(g) => return check_modules_with(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return check_modules_with(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+        }
     }
 }
 

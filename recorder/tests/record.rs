@@ -447,7 +447,10 @@ fn variadic_execs_are_followed() {
             "{mode}: flushed before the exec"
         );
         assert_eq!(b.args.len(), 9, "{mode}: {:?}", b.args);
-        assert_eq!(b.args[8], "g", "{mode}: the arguments passed on the stack arrived");
+        assert_eq!(
+            b.args[8], "g",
+            "{mode}: the arguments passed on the stack arrived"
+        );
         assert_eq!(count(&per_function(b), "rec_child"), (5, 5), "{mode}");
     }
 }
@@ -523,6 +526,27 @@ fn dlopened_library_with_a_filter() {
     assert_eq!(count(&got, "reclib_add"), (20, 20), "{got:?}");
     assert_eq!(count(&got, "rec_after"), (1, 1));
     assert_eq!(count(&got, "rec_leaf"), (0, 0));
+}
+
+#[test]
+fn main_only_leaves_libraries_out() {
+    let b = built();
+    let dir = trace_dir("main-only", "function_graph");
+    let out = record(
+        &dir,
+        &b.tracee,
+        &["dlopen", b.lib.to_str().unwrap(), "nowait"],
+        &[("FTRAMP_MAIN_ONLY", "1")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = per_function(&open(&dir).processes[0]);
+    assert_eq!(count(&got, "rec_after"), (1, 1), "{got:?}");
+    assert_eq!(count(&got, "main"), (1, 1));
+    assert!(!got.keys().any(|k| k.starts_with("reclib")), "{got:?}");
 }
 
 #[test]
