@@ -31,7 +31,13 @@ pub struct Options {
     pub ftramp: Option<PathBuf>,
     /// Keep the scratch directory (builds and traces) and print its path.
     pub keep: bool,
+    /// Also count instructions per traced call under valgrind's callgrind.
+    pub callgrind: bool,
 }
+
+/// Iterations of the two callgrind runs whose difference gives the
+/// instructions per call (start-up and exit costs cancel out).
+pub const CALLGRIND_ITERATIONS: (u64, u64) = (20_000, 120_000);
 
 /// The targets for `ftramp record` (function_graph).
 pub const TARGET_VS_UFTRACE: f64 = 0.5;
@@ -215,6 +221,9 @@ pub struct Row {
     pub time: Time,
     pub calls: u64,
     pub bytes: u64,
+    /// Instructions per traced call (`--callgrind`), every process and
+    /// thread of the run counted.
+    pub instr: Option<f64>,
 }
 
 impl Row {
@@ -334,6 +343,8 @@ pub struct Results {
     pub rows: Vec<Row>,
     /// Tracers or builds not measured, with the reason.
     pub skipped: Vec<String>,
+    /// Instructions per call of the plain build (`--callgrind`).
+    pub base_instr: Option<f64>,
 }
 
 impl Results {
@@ -343,6 +354,109 @@ impl Results {
 
     pub fn row(&self, prefix: &str) -> Option<&Row> {
         self.rows.iter().find(|r| r.tracer.starts_with(prefix))
+    }
+}
+
+/// Instructions of a run of `cmd` under callgrind, summed over every
+/// process (`--trace-children=yes`: uftrace's recorder process, the
+/// traced program and `ftramp record` itself).
+fn callgrind_total(cmd: &Command) -> Result<u64, String> {
+    let mut v = Command::new("valgrind");
+    v.args([
+        "--tool=callgrind",
+        "--trace-children=yes",
+        "--smc-check=all",
+        "--callgrind-out-file=/dev/null",
+    ]);
+    v.arg(cmd.get_program()).args(cmd.get_args());
+    for (k, val) in cmd.get_envs() {
+        match val {
+            Some(val) => v.env(k, val),
+            None => v.env_remove(k),
+        };
+    }
+    let out = run_ok(&mut v)?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    let counts: Vec<u64> = err
+        .lines()
+        .filter_map(|l| {
+            l.split_once("Collected :")?
+                .1
+                .trim()
+                .replace(',', "")
+                .parse()
+                .ok()
+        })
+        .collect();
+    if counts.is_empty() {
+        return Err("callgrind reported no instruction count".into());
+    }
+    Ok(counts.iter().sum())
+}
+
+/// Instructions per call of `make(iterations, out)`: two runs, their
+/// difference divided by the difference in calls (5 per iteration).
+fn callgrind_per_call(dir: &Path, make: impl Fn(u64, &Path) -> Command) -> Result<f64, String> {
+    let (n1, n2) = CALLGRIND_ITERATIONS;
+    let mut total = [0u64; 2];
+    for (i, n) in [n1, n2].into_iter().enumerate() {
+        let out = dir.join(format!("callgrind-{i}"));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+        // Tracers that create their own output directory get a path inside.
+        total[i] = callgrind_total(&make(n, &out.join("trace")))?;
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    Ok((total[1] as f64 - total[0] as f64) / (5 * (n2 - n1)) as f64)
+}
+
+/// Adds instructions per call to every row (and the plain build's to
+/// `res.base_instr`), or says why not.
+fn measure_callgrind(dir: &Path, builds: &[Build], ftramp: Option<&Path>, res: &mut Results) {
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        res.skipped.push(
+            "instructions per call: valgrind is not installed (Debian: apt-get install valgrind)"
+                .into(),
+        );
+        return;
+    }
+    if let Some(plain) = builds.iter().find(|b| b.name == "plain") {
+        match callgrind_per_call(dir, |n, _| {
+            let mut c = Command::new(&plain.exe);
+            c.arg(n.to_string());
+            c
+        }) {
+            Ok(i) => res.base_instr = Some(i),
+            Err(e) => res
+                .skipped
+                .push(format!("instructions of the plain build: {e}")),
+        }
+    }
+    let (n1, n2) = CALLGRIND_ITERATIONS;
+    let (t1, t2) = (tracers(n1, ftramp), tracers(n2, ftramp));
+    for row in &mut res.rows {
+        let (Some(a), Some(b)) = (
+            t1.iter().find(|t| t.name == row.tracer),
+            t2.iter().find(|t| t.name == row.tracer),
+        ) else {
+            continue;
+        };
+        let Some(build) = builds.iter().find(|b| b.name == row.build) else {
+            continue;
+        };
+        let make = |n: u64, out: &Path| {
+            let t = if n == n1 { a } else { b };
+            if t.mkdir {
+                let _ = std::fs::create_dir_all(out);
+            }
+            (t.command)(&build.exe, out)
+        };
+        match callgrind_per_call(dir, make) {
+            Ok(i) => row.instr = Some(i),
+            Err(e) => res
+                .skipped
+                .push(format!("instructions of {}: {e}", row.tracer)),
+        }
     }
 }
 
@@ -425,6 +539,7 @@ pub fn measure(opts: &Options, dir: &Path) -> Results {
                     time,
                     calls,
                     bytes: disk_bytes(&out),
+                    instr: None,
                 }),
                 None => res
                     .skipped
@@ -435,6 +550,9 @@ pub fn measure(opts: &Options, dir: &Path) -> Results {
         if !opts.keep {
             let _ = std::fs::remove_dir_all(&out);
         }
+    }
+    if opts.callgrind {
+        measure_callgrind(dir, &builds, ftramp.as_deref(), &mut res);
     }
     res
 }
@@ -500,6 +618,32 @@ pub fn report(opts: &Options, res: &Results) -> String {
             rc,
             rb
         );
+    }
+    if res.rows.iter().any(|r| r.instr.is_some()) {
+        let base_i = res.base_instr.unwrap_or(0.0);
+        let (n1, n2) = CALLGRIND_ITERATIONS;
+        let _ = writeln!(
+            s,
+            "\ninstructions per traced call (callgrind, every process of the run; {n1} vs {n2} iterations; plain build {base_i:.1})"
+        );
+        let _ = writeln!(
+            s,
+            "{:<30} {:>10} {:>10} {:>10}",
+            "tracer", "instr/call", "over plain", "vs uftrace"
+        );
+        let uf_i = uf.and_then(|u| u.instr).map(|i| i - base_i);
+        for r in res.rows.iter().filter(|r| r.instr.is_some()) {
+            let over = r.instr.unwrap_or(0.0) - base_i;
+            let vs = uf_i.map(|u| ratio(over, u)).unwrap_or_else(|| "-".into());
+            let _ = writeln!(
+                s,
+                "{:<30} {:>10.1} {:>10.1} {:>10}",
+                r.tracer,
+                r.instr.unwrap_or(0.0),
+                over,
+                vs
+            );
+        }
     }
     for why in &res.skipped {
         let _ = writeln!(s, "skipped: {why}");

@@ -19,6 +19,10 @@ struct Args {
     /// Keep the builds and traces in the scratch directory.
     #[arg(long)]
     keep: bool,
+    /// Also count instructions per traced call with valgrind's callgrind
+    /// (exact where times are noisy; takes a minute or two).
+    #[arg(long)]
+    callgrind: bool,
 }
 
 fn main() {
@@ -32,5 +36,6 @@ fn main() {
         reps: a.reps,
         ftramp: a.ftramp,
         keep: a.keep,
+        callgrind: a.callgrind,
     });
 }

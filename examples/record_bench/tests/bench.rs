@@ -20,6 +20,7 @@ fn every_available_tracer_is_measured() {
         reps: 1,
         ftramp: None,
         keep: false,
+        callgrind: false,
     };
     let dir = std::env::temp_dir().join(format!("ftramp-record-bench-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -75,6 +76,7 @@ fn the_report_compares_with_uftrace_and_the_targets() {
         },
         calls: 1000,
         bytes,
+        instr: None,
     };
     let res = Results {
         builds: vec![(
@@ -90,12 +92,14 @@ fn the_report_compares_with_uftrace_and_the_targets() {
             row("uftrace record", 0.101, 32_000),
         ],
         skipped: vec!["XRay FDR: no `xray` build".into()],
+        base_instr: None,
     };
     let opts = Options {
         iterations: 1000,
         reps: 1,
         ftramp: None,
         keep: false,
+        callgrind: false,
     };
     let text = report(&opts, &res);
     // ftramp: (21 - 1) ms / 1000 calls = 20000 ns; uftrace 100000 ns: 0.20x.
@@ -115,4 +119,20 @@ fn the_report_compares_with_uftrace_and_the_targets() {
     let text = report(&opts, &slow);
     assert!(text.contains("0.80x NOT met"), "{text}");
     assert!(text.contains("24.000 NOT met"), "{text}");
+    assert!(!text.contains("instructions per traced call"), "{text}");
+    // With callgrind figures: instructions over the plain build's, against uftrace's.
+    let mut counted = slow;
+    counted.base_instr = Some(5.0);
+    counted.rows[0].instr = Some(305.0);
+    counted.rows[1].instr = Some(605.0);
+    let text = report(&opts, &counted);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("ftramp record (function_graph)") && l.contains("305.0"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(
+        line.split_whitespace().skip(3).collect::<Vec<_>>(),
+        ["305.0", "300.0", "0.50x"],
+        "{text}"
+    );
 }
