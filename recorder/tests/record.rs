@@ -477,6 +477,33 @@ fn segv_flushes_what_was_recorded() {
 }
 
 #[test]
+fn crash_flushes_every_threads_events() {
+    let b = built();
+    let dir = trace_dir("segv-threads", "function_graph");
+    let out = record(&dir, &b.tracee, &["segv-threads"], &[]);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc_sig::SEGV));
+    let p = &open(&dir).processes[0];
+    assert_eq!(p.exit.as_deref(), Some("signal 11 (SIGSEGV)"));
+    let leaf = p.symbols.iter().find(|s| s.name == "rec_leaf").unwrap().id;
+    // Each spinner had returned from rec_leaf 1000 times before main crashed.
+    let spinners: Vec<usize> = p
+        .threads
+        .iter()
+        .filter(|t| t.tid != p.pid)
+        .map(|t| {
+            t.events
+                .iter()
+                .filter(|e| e.func == leaf && e.kind == EventKind::Exit)
+                .count()
+        })
+        .collect();
+    assert_eq!(spinners.len(), 2, "{spinners:?}");
+    assert!(spinners.iter().all(|&n| n >= 1000), "{spinners:?}");
+    assert_eq!(count(&per_function(p), "rec_crash"), (1, 0));
+}
+
+#[test]
 fn abort_flushes_what_was_recorded() {
     check_crash("abort", libc_sig::ABRT, "signal 6 (SIGABRT)", "rec_abort");
 }

@@ -50,6 +50,19 @@ __attribute__((noinline)) void rec_after(void) { n_after++; rec_leaf(3); }
 __attribute__((noinline)) void rec_child(void) { n_child++; rec_leaf(4); }
 
 __attribute__((noinline)) void rec_crash(volatile int *p) { rec_before(); *p = 1; }
+
+static volatile int spinning_stop;
+static long n_spun[2];
+
+__attribute__((noinline)) void *rec_spinner(void *arg)
+{
+    long i = (long)arg;
+    while (!spinning_stop) {
+        rec_leaf(i);
+        __atomic_add_fetch(&n_spun[i], 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
 __attribute__((noinline)) void rec_abort(void) { rec_before(); abort(); }
 
 /* Whether the patch site at the start of `fn` calls a trampoline now. */
@@ -153,6 +166,17 @@ int main(int argc, char **argv)
         for (int i = 0; i < 10; i++)
             rec_after();
         counts();
+        rec_crash(NULL);
+        return 0;
+    }
+    if (!strcmp(mode, "segv-threads")) {
+        /* Crash on main while two threads call rec_leaf in a loop: each has
+         * finished at least 1000 calls by then. */
+        pthread_t t[2];
+        for (long i = 0; i < 2; i++)
+            pthread_create(&t[i], NULL, rec_spinner, (void *)i);
+        while (__atomic_load_n(&n_spun[0], __ATOMIC_ACQUIRE) < 1000 || __atomic_load_n(&n_spun[1], __ATOMIC_ACQUIRE) < 1000)
+            usleep(1000);
         rec_crash(NULL);
         return 0;
     }
