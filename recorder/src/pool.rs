@@ -341,11 +341,40 @@ impl Slot {
 
 static SLOTS: [Slot; MAX_THREADS] = [const { Slot::new() }; MAX_THREADS];
 
-thread_local! {
+/// Call depths whose function id (and entry time) a thread keeps.
+pub const DEPTH_SLOTS: usize = 256;
+
+/// The tracing path's per-thread state, in one thread-local so that a
+/// callback pays for one TLS lookup (`__tls_get_addr`: this is a shared
+/// library): the thread's slot, and per call depth the function id entered
+/// there (the exit reads it instead of looking the site up again) and its
+/// entry time (deferred ENTRYs with a minimum duration).
+pub struct Local {
     /// This thread's slot (null until its first event).
-    static CUR: Cell<*const Slot> = const { Cell::new(std::ptr::null()) };
+    cur: Cell<*const Slot>,
+    pub ids: [Cell<u32>; DEPTH_SLOTS],
+    pub times: [Cell<u64>; DEPTH_SLOTS],
+    /// Minimum duration: the frames at depths below this are written.
+    pub written: Cell<usize>,
+}
+
+thread_local! {
+    static LOCAL: Local = const {
+        Local {
+            cur: Cell::new(std::ptr::null()),
+            ids: [const { Cell::new(0) }; DEPTH_SLOTS],
+            times: [const { Cell::new(0) }; DEPTH_SLOTS],
+            written: Cell::new(0),
+        }
+    };
     /// Releases the slot at thread exit (registered with the slot).
     static GUARD: SlotGuard = const { SlotGuard };
+}
+
+/// Runs `f` with this thread's [`Local`].
+#[inline(always)]
+pub fn with_local<R>(f: impl FnOnce(&Local) -> R) -> R {
+    LOCAL.with(f)
 }
 
 struct SlotGuard;
@@ -358,13 +387,13 @@ impl Drop for SlotGuard {
         if gettid() == std::process::id() {
             return;
         }
-        let Ok(p) = CUR.try_with(|c| c.replace(std::ptr::null())) else {
+        let Ok(p) = LOCAL.try_with(|l| l.cur.replace(std::ptr::null())) else {
             return;
         };
         if p.is_null() {
             return;
         }
-        // SAFETY: CUR only ever points into SLOTS.
+        // SAFETY: `cur` only ever points into SLOTS.
         let slot = unsafe { &*p };
         if slot
             .busy
@@ -394,49 +423,63 @@ impl Drop for SlotGuard {
 /// Lost events of threads that exited.
 static RETIRED_LOST: AtomicU64 = AtomicU64::new(0);
 
-/// Appends one ENTRY/EXIT word (`base` = the word with delta 0) at `now`.
-#[inline(always)]
-pub fn emit(base: u64, now: u64) {
-    let p = CUR.with(|c| c.get());
-    if !p.is_null() {
-        // SAFETY: CUR only ever points into SLOTS.
-        let slot = unsafe { &*p };
-        let pos = slot.pos.load(Relaxed);
-        let delta = now.wrapping_sub(slot.prev.load(Relaxed));
-        if pos < slot.cap.load(Relaxed) && delta <= u32::MAX as u64 {
-            // SAFETY: pos < cap, the payload words of the buffer this
-            // thread owns.
-            unsafe {
-                slot.words
-                    .load(Relaxed)
-                    .add(pos as usize)
-                    .write(base | delta << 32)
-            };
-            slot.prev.store(now, Relaxed);
-            slot.pos.store(pos + 1, Release);
-            return;
+impl Local {
+    /// Appends one ENTRY/EXIT word (`base` = the word with delta 0) at `now`.
+    #[inline(always)]
+    pub fn emit(&self, base: u64, now: u64) {
+        let p = self.cur.get();
+        if !p.is_null() {
+            // SAFETY: `cur` only ever points into SLOTS.
+            let slot = unsafe { &*p };
+            let pos = slot.pos.load(Relaxed);
+            let delta = now.wrapping_sub(slot.prev.load(Relaxed));
+            if pos < slot.cap.load(Relaxed) && delta <= u32::MAX as u64 {
+                // SAFETY: pos < cap, the payload words of the buffer this
+                // thread owns.
+                unsafe {
+                    slot.words
+                        .load(Relaxed)
+                        .add(pos as usize)
+                        .write(base | delta << 32)
+                };
+                slot.prev.store(now, Relaxed);
+                slot.pos.store(pos + 1, Release);
+                return;
+            }
+        }
+        emit_slow(self, base, now)
+    }
+
+    /// Counts `n` events lost on this thread (e.g. no function id).
+    pub fn lose(&self, n: u64) {
+        let p = self.cur.get();
+        if p.is_null() {
+            LOST_UNSLOTTED.fetch_add(n, Relaxed);
+        } else {
+            // SAFETY: `cur` only ever points into SLOTS.
+            unsafe { &*p }.count_lost(n);
         }
     }
-    emit_slow(p, base, now)
 }
 
-/// Counts `n` events lost on this thread (e.g. no function id).
+/// [`Local::emit`] on this thread.
+#[inline(always)]
+pub fn emit(base: u64, now: u64) {
+    LOCAL.with(|l| l.emit(base, now))
+}
+
+/// [`Local::lose`] on this thread.
 pub fn lose(n: u64) {
-    let p = CUR.with(|c| c.get());
-    if p.is_null() {
-        LOST_UNSLOTTED.fetch_add(n, Relaxed);
-    } else {
-        // SAFETY: CUR only ever points into SLOTS.
-        unsafe { &*p }.count_lost(n);
-    }
+    LOCAL.with(|l| l.lose(n))
 }
 
 #[cold]
 #[inline(never)]
-fn emit_slow(p: *const Slot, base: u64, now: u64) {
+fn emit_slow(local: &Local, base: u64, now: u64) {
     let Some(pool) = Pool::get() else { return };
+    let p = local.cur.get();
     let slot = if p.is_null() {
-        match claim_slot() {
+        match claim_slot(local) {
             Some(s) => s,
             None => {
                 LOST_UNSLOTTED.fetch_add(1, Relaxed);
@@ -444,7 +487,7 @@ fn emit_slow(p: *const Slot, base: u64, now: u64) {
             }
         }
     } else {
-        // SAFETY: CUR only ever points into SLOTS.
+        // SAFETY: `cur` only ever points into SLOTS.
         unsafe { &*p }
     };
     if slot
@@ -492,7 +535,7 @@ fn emit_slow(p: *const Slot, base: u64, now: u64) {
     slot.busy.store(IDLE, Release);
 }
 
-fn claim_slot() -> Option<&'static Slot> {
+fn claim_slot(local: &Local) -> Option<&'static Slot> {
     // The destructor that releases the slot must be registrable: not while
     // this thread's TLS is being torn down.
     GUARD.try_with(|_| ()).ok()?;
@@ -502,7 +545,7 @@ fn claim_slot() -> Option<&'static Slot> {
     slot.clear();
     slot.tid.store(gettid(), Relaxed);
     slot.busy.store(IDLE, Relaxed);
-    CUR.with(|c| c.set(slot));
+    local.cur.set(slot);
     Some(slot)
 }
 
@@ -621,7 +664,7 @@ pub fn lost_total() -> u64 {
 
 /// This thread's slot, for fork (null if it recorded nothing).
 pub fn current_slot() -> Option<&'static Slot> {
-    let p = CUR.with(|c| c.get());
-    // SAFETY: CUR only ever points into SLOTS.
+    let p = LOCAL.with(|l| l.cur.get());
+    // SAFETY: `cur` only ever points into SLOTS.
     (!p.is_null()).then(|| unsafe { &*p })
 }

@@ -1,6 +1,7 @@
 //! The tracer callbacks: fgraph entry/return (function_graph) and an ops
-//! callback (function).  Each is: read the clock, look the site's id up,
-//! append one word to the thread's buffer.
+//! callback (function).  Each is: read the clock, look the site's id up
+//! (an exit reads the id its entry noted at its depth instead), append one
+//! word to the thread's buffer.
 //!
 //! With a minimum duration the ENTRY of a call is deferred: entry only
 //! notes (id, time) at its depth; at the return, a call that lasted long
@@ -10,13 +11,12 @@
 //! per-thread counter (`written`) says which are written.
 
 use crate::ids::{lookup, NO_ID};
-use crate::pool::{emit, lose};
+use crate::pool::{emit, lose, with_local, DEPTH_SLOTS};
 use ftramp_runtime::clock::ticks;
 use ftramp_runtime::fgraph::{Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::ops::Ops;
 use ftramp_runtime::FtraceRegs;
 use ftramp_trace::format::Event;
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Calls at this depth or deeper are not recorded.
@@ -24,81 +24,66 @@ pub static MAX_DEPTH: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// Minimum duration in ticks (0: record every call).
 pub static MIN_TICKS: AtomicU64 = AtomicU64::new(0);
 
-/// Deepest call kept pending with a minimum duration.
-const PENDING_MAX: usize = 256;
-
-struct Pending {
-    ids: [Cell<u32>; PENDING_MAX],
-    times: [Cell<u64>; PENDING_MAX],
-    written: Cell<usize>,
-}
-
-thread_local! {
-    static PENDING: Pending = const {
-        Pending {
-            ids: [const { Cell::new(0) }; PENDING_MAX],
-            times: [const { Cell::new(0) }; PENDING_MAX],
-            written: Cell::new(0),
-        }
-    };
-}
-
 pub extern "C" fn graph_entry(ent: &GraphEnt, _user: &Fgraph, _regs: &mut FtraceRegs) -> bool {
-    if ent.depth >= MAX_DEPTH.load(Relaxed) {
+    let d = ent.depth;
+    if d >= MAX_DEPTH.load(Relaxed) {
         return false;
     }
     let now = ticks();
     let id = lookup(ent.func);
-    if id == NO_ID {
-        lose(1);
-        return false;
-    }
-    if MIN_TICKS.load(Relaxed) == 0 {
-        emit(Event::entry(id, 0), now);
-        return true;
-    }
-    if ent.depth >= PENDING_MAX {
-        lose(1);
-        return false;
-    }
-    PENDING.with(|p| {
-        p.ids[ent.depth].set(id);
-        p.times[ent.depth].set(now);
-        if p.written.get() > ent.depth {
-            p.written.set(ent.depth);
+    with_local(|l| {
+        if id == NO_ID {
+            l.lose(1);
+            return false;
         }
-    });
-    true
+        if let Some(c) = l.ids.get(d) {
+            c.set(id);
+        }
+        if MIN_TICKS.load(Relaxed) == 0 {
+            l.emit(Event::entry(id, 0), now);
+            return true;
+        }
+        let Some(t) = l.times.get(d) else {
+            // Too deep to keep pending.
+            l.lose(1);
+            return false;
+        };
+        t.set(now);
+        if l.written.get() > d {
+            l.written.set(d);
+        }
+        true
+    })
 }
 
 pub extern "C" fn graph_return(ret: &GraphRet, _user: &Fgraph, _regs: &mut FtraceRegs) {
     let now = ticks();
-    let id = lookup(ret.func);
-    if id == NO_ID {
-        lose(1);
-        return;
-    }
-    let min = MIN_TICKS.load(Relaxed);
-    if min == 0 {
-        emit(Event::exit(id, 0), now);
-        return;
-    }
     let d = ret.depth;
-    if d >= PENDING_MAX {
-        return;
-    }
-    PENDING.with(|p| {
-        let w = p.written.get();
+    with_local(|l| {
+        // The id entered at this depth, which is this frame's.
+        let id = match l.ids.get(d) {
+            Some(c) => c.get(),
+            None => lookup(ret.func),
+        };
+        let min = MIN_TICKS.load(Relaxed);
+        if min == 0 {
+            l.emit(Event::exit(id, 0), now);
+            return;
+        }
+        if d >= DEPTH_SLOTS {
+            return;
+        }
+        let w = l.written.get();
         if d < w {
             // Entered, and written because a descendant was long enough.
-            emit(Event::exit(id, 0), now);
-            p.written.set(d);
-        } else if now.wrapping_sub(p.times[d].get()) >= min {
+            l.emit(Event::exit(id, 0), now);
+            l.written.set(d);
+        } else if now.wrapping_sub(l.times[d].get()) >= min {
             for i in w..=d {
-                emit(Event::entry(p.ids[i].get(), 0), p.times[i].get());
+                l.emit(Event::entry(l.ids[i].get(), 0), l.times[i].get());
             }
-            emit(Event::exit(id, 0), now);
-            p.written.set(d);
+            l.emit(Event::exit(id, 0), now);
+            l.written.set(d);
         }
     });
 }
