@@ -371,10 +371,15 @@ thread_local! {
     static GUARD: SlotGuard = const { SlotGuard };
 }
 
-/// Runs `f` with this thread's [`Local`].
+/// This thread's [`Local`].
 #[inline(always)]
-pub fn with_local<R>(f: impl FnOnce(&Local) -> R) -> R {
-    LOCAL.with(f)
+pub fn local() -> &'static Local {
+    let p = LOCAL.with(|l| l as *const Local);
+    // SAFETY: a const-initialised thread-local without a destructor lives
+    // as long as its thread, and `&Local` cannot leave the thread (Local
+    // is not Sync).  Taking the pointer keeps `LocalKey::with` small enough
+    // to inline into the callbacks.
+    unsafe { &*p }
 }
 
 struct SlotGuard;
@@ -465,12 +470,12 @@ impl Local {
 /// [`Local::emit`] on this thread.
 #[inline(always)]
 pub fn emit(base: u64, now: u64) {
-    LOCAL.with(|l| l.emit(base, now))
+    local().emit(base, now)
 }
 
 /// [`Local::lose`] on this thread.
 pub fn lose(n: u64) {
-    LOCAL.with(|l| l.lose(n))
+    local().lose(n)
 }
 
 #[cold]

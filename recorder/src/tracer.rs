@@ -11,7 +11,7 @@
 //! per-thread counter (`written`) says which are written.
 
 use crate::ids::{lookup, NO_ID};
-use crate::pool::{emit, lose, with_local, DEPTH_SLOTS};
+use crate::pool::{emit, local, lose, DEPTH_SLOTS};
 use ftramp_runtime::clock::ticks;
 use ftramp_runtime::fgraph::{Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::ops::Ops;
@@ -31,61 +31,59 @@ pub extern "C" fn graph_entry(ent: &GraphEnt, _user: &Fgraph, _regs: &mut Ftrace
     }
     let now = ticks();
     let id = lookup(ent.func);
-    with_local(|l| {
-        if id == NO_ID {
-            l.lose(1);
-            return false;
-        }
-        if let Some(c) = l.ids.get(d) {
-            c.set(id);
-        }
-        if MIN_TICKS.load(Relaxed) == 0 {
-            l.emit(Event::entry(id, 0), now);
-            return true;
-        }
-        let Some(t) = l.times.get(d) else {
-            // Too deep to keep pending.
-            l.lose(1);
-            return false;
-        };
-        t.set(now);
-        if l.written.get() > d {
-            l.written.set(d);
-        }
-        true
-    })
+    let l = local();
+    if id == NO_ID {
+        l.lose(1);
+        return false;
+    }
+    if let Some(c) = l.ids.get(d) {
+        c.set(id);
+    }
+    if MIN_TICKS.load(Relaxed) == 0 {
+        l.emit(Event::entry(id, 0), now);
+        return true;
+    }
+    let Some(t) = l.times.get(d) else {
+        // Too deep to keep pending.
+        l.lose(1);
+        return false;
+    };
+    t.set(now);
+    if l.written.get() > d {
+        l.written.set(d);
+    }
+    true
 }
 
 pub extern "C" fn graph_return(ret: &GraphRet, _user: &Fgraph, _regs: &mut FtraceRegs) {
     let now = ticks();
     let d = ret.depth;
-    with_local(|l| {
-        // The id entered at this depth, which is this frame's.
-        let id = match l.ids.get(d) {
-            Some(c) => c.get(),
-            None => lookup(ret.func),
-        };
-        let min = MIN_TICKS.load(Relaxed);
-        if min == 0 {
-            l.emit(Event::exit(id, 0), now);
-            return;
+    let l = local();
+    // The id entered at this depth, which is this frame's.
+    let id = match l.ids.get(d) {
+        Some(c) => c.get(),
+        None => lookup(ret.func),
+    };
+    let min = MIN_TICKS.load(Relaxed);
+    if min == 0 {
+        l.emit(Event::exit(id, 0), now);
+        return;
+    }
+    if d >= DEPTH_SLOTS {
+        return;
+    }
+    let w = l.written.get();
+    if d < w {
+        // Entered, and written because a descendant was long enough.
+        l.emit(Event::exit(id, 0), now);
+        l.written.set(d);
+    } else if now.wrapping_sub(l.times[d].get()) >= min {
+        for i in w..=d {
+            l.emit(Event::entry(l.ids[i].get(), 0), l.times[i].get());
         }
-        if d >= DEPTH_SLOTS {
-            return;
-        }
-        let w = l.written.get();
-        if d < w {
-            // Entered, and written because a descendant was long enough.
-            l.emit(Event::exit(id, 0), now);
-            l.written.set(d);
-        } else if now.wrapping_sub(l.times[d].get()) >= min {
-            for i in w..=d {
-                l.emit(Event::entry(l.ids[i].get(), 0), l.times[i].get());
-            }
-            l.emit(Event::exit(id, 0), now);
-            l.written.set(d);
-        }
-    });
+        l.emit(Event::exit(id, 0), now);
+        l.written.set(d);
+    }
 }
 
 /// The `function` tracer's ops callback.
