@@ -71,7 +71,9 @@ static int patched(const void *fn)
 #if defined(__x86_64__)
     return *(const volatile unsigned char *)fn == 0xe8;
 #elif defined(__aarch64__)
-    return *(const volatile unsigned *)fn != 0xd503201f;
+    /* Both words: the patcher writes `mov x9, x30` before the `bl`. */
+    const volatile unsigned *w = fn;
+    return w[0] != 0xd503201f && w[1] != 0xd503201f;
 #else
     return 1;
 #endif
