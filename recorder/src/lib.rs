@@ -8,9 +8,9 @@
 //! exit and crashes.
 //!
 //! `unsafe` here: the pool's buffers and thread slots (`pool.rs`), the id
-//! table (`ids.rs`), signal/atfork/exit handlers (`session.rs`) and the
-//! exported constructor and `exec*`/`_exit` interposers (this file), each
-//! with the reason it is sound.
+//! table (`ids.rs`), signal/atfork/exit handlers (`session.rs`), the
+//! exported constructor and `exec*`/`_exit` interposers (this file and the
+//! variadic ones in `execl.rs`), each with the reason it is sound.
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod execl;
