@@ -44,6 +44,68 @@ fn next(name: &std::ffi::CStr) -> *mut libc::c_void {
     unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) }
 }
 
+/// The variables an exec'd image needs to be recorded too.
+const RECORD_ENV: [&str; 13] = [
+    "LD_PRELOAD",
+    options::ENV_DIR,
+    options::ENV_TRACER,
+    options::ENV_FILTER,
+    options::ENV_NOTRACE,
+    options::ENV_DEPTH,
+    options::ENV_MIN_DURATION,
+    options::ENV_MAIN_ONLY,
+    options::ENV_BUFFER_SIZE,
+    options::ENV_BUFFERS,
+    options::ENV_RECORD_PID,
+    ftramp_runtime::clock::ENV,
+    "FTRAMP_PRELOAD",
+];
+
+/// Runs `run` with `envp`, or with `envp` plus the recording variables it
+/// lacks when this process is being recorded: a program that hands exec a
+/// cleaned environment is still followed into the new image.
+///
+/// # Safety
+/// `envp` is null or a NULL-terminated array of NUL-terminated strings.
+unsafe fn with_record_env(
+    envp: *const *const c_char,
+    run: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    use std::os::unix::ffi::OsStrExt;
+    if envp.is_null() || !session::recording() {
+        return run(envp);
+    }
+    let mut have: Vec<&[u8]> = Vec::new();
+    let mut ptrs: Vec<*const c_char> = Vec::new();
+    let mut i = 0;
+    loop {
+        // SAFETY: a NULL-terminated array (the caller's contract).
+        let p = unsafe { *envp.add(i) };
+        if p.is_null() {
+            break;
+        }
+        // SAFETY: each entry is a NUL-terminated string.
+        let s = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+        have.push(s.split(|&b| b == b'=').next().unwrap_or(s));
+        ptrs.push(p);
+        i += 1;
+    }
+    let added: Vec<std::ffi::CString> = RECORD_ENV
+        .iter()
+        .filter(|k| !have.contains(&k.as_bytes()))
+        .filter_map(|k| {
+            let v = std::env::var_os(k)?;
+            std::ffi::CString::new([k.as_bytes(), b"=", v.as_bytes()].concat()).ok()
+        })
+        .collect();
+    if added.is_empty() {
+        return run(envp);
+    }
+    ptrs.extend(added.iter().map(|c| c.as_ptr()));
+    ptrs.push(std::ptr::null());
+    run(ptrs.as_ptr())
+}
+
 /// Flushes before an exec, runs it, and resumes recording if it failed.
 fn around_exec(run: impl FnOnce() -> c_int) -> c_int {
     let finished = std::panic::catch_unwind(session::before_exec).unwrap_or(false);
@@ -57,7 +119,7 @@ fn around_exec(run: impl FnOnce() -> c_int) -> c_int {
     r
 }
 
-fn enoent() -> c_int {
+fn no_next() -> c_int {
     // SAFETY: setting errno.
     unsafe { *libc::__errno_location() = libc::ENOSYS };
     -1
@@ -73,11 +135,14 @@ pub unsafe extern "C" fn execve(
 ) -> c_int {
     let f = next(c"execve");
     if f.is_null() {
-        return enoent();
+        return no_next();
     }
-    // SAFETY: libc's execve has this signature; arguments passed through.
+    // SAFETY: libc's execve has this signature; arguments passed through
+    // (the environment completed with the recording variables).
     around_exec(|| unsafe {
-        std::mem::transmute::<*mut libc::c_void, ExecveFn>(f)(path, argv, envp)
+        with_record_env(envp, |envp| {
+            std::mem::transmute::<*mut libc::c_void, ExecveFn>(f)(path, argv, envp)
+        })
     })
 }
 
@@ -87,7 +152,7 @@ pub unsafe extern "C" fn execve(
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     let f = next(c"execv");
     if f.is_null() {
-        return enoent();
+        return no_next();
     }
     // SAFETY: libc's execv has this signature; arguments passed through.
     around_exec(|| unsafe { std::mem::transmute::<*mut libc::c_void, ExecvFn>(f)(path, argv) })
@@ -99,7 +164,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
     let f = next(c"execvp");
     if f.is_null() {
-        return enoent();
+        return no_next();
     }
     // SAFETY: libc's execvp has this signature; arguments passed through.
     around_exec(|| unsafe { std::mem::transmute::<*mut libc::c_void, ExecvFn>(f)(file, argv) })
@@ -115,11 +180,14 @@ pub unsafe extern "C" fn execvpe(
 ) -> c_int {
     let f = next(c"execvpe");
     if f.is_null() {
-        return enoent();
+        return no_next();
     }
-    // SAFETY: libc's execvpe has this signature; arguments passed through.
+    // SAFETY: libc's execvpe has this signature; arguments passed through
+    // (the environment completed with the recording variables).
     around_exec(|| unsafe {
-        std::mem::transmute::<*mut libc::c_void, ExecveFn>(f)(file, argv, envp)
+        with_record_env(envp, |envp| {
+            std::mem::transmute::<*mut libc::c_void, ExecveFn>(f)(file, argv, envp)
+        })
     })
 }
 

@@ -640,6 +640,12 @@ extern "C" fn at_exit(status: libc::c_int, _arg: *mut libc::c_void) {
     let _ = std::panic::catch_unwind(|| before_exit(status));
 }
 
+/// Whether this process image is being recorded here (not a fork child the
+/// recorder did not see, e.g. a `vfork` child).
+pub fn recording() -> bool {
+    PID.load(Relaxed) == std::process::id()
+}
+
 /// Names the functions that got ids since the writer last looked (not
 /// from a signal handler: it allocates and locks).
 fn last_names() {

@@ -426,6 +426,22 @@ fn exec_starts_a_new_image() {
 }
 
 #[test]
+fn exec_with_an_empty_environment_is_followed() {
+    let b = built();
+    let dir = trace_dir("exec-noenv", "function_graph");
+    let out = record(&dir, &b.tracee, &["exec-noenv"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = open(&dir);
+    assert_eq!(t.processes.len(), 2);
+    assert_eq!(t.processes[0].exit.as_deref(), Some("exec"));
+    assert_eq!(count(&per_function(&t.processes[1]), "rec_child"), (5, 5));
+}
+
+#[test]
 fn variadic_execs_are_followed() {
     let b = built();
     for mode in ["execl", "execle", "execlp"] {

@@ -156,6 +156,16 @@ int main(int argc, char **argv)
         perror(mode);
         return 1;
     }
+    if (!strcmp(mode, "exec-noenv")) {
+        /* An exec with an empty environment: still recorded. */
+        rec_before();
+        counts();
+        char *args[] = {argv[0], "exec-child", NULL};
+        char *env[] = {NULL};
+        execve("/proc/self/exe", args, env);
+        perror("execve");
+        return 1;
+    }
     if (!strcmp(mode, "exec-child")) {
         if (argc > 2 && (argc != 9 || strcmp(argv[8], "g")))
             return 9;
