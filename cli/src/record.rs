@@ -273,6 +273,14 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     if summary.images > 0 && summary.sites == 0 {
         eprintln!("ftramp record: {}", no_sites_advice(&prog));
     }
+    if summary.images == 0 {
+        eprintln!(
+            "ftramp record: nothing was recorded: {} did not load {} (a statically linked or set-user-ID \
+             program ignores LD_PRELOAD)",
+            prog.display(),
+            preload.display()
+        );
+    }
     let code = match (status.code(), status.signal()) {
         (Some(c), _) => c,
         (None, Some(s)) => {

@@ -145,6 +145,29 @@ fn program_without_sites_gets_advice() {
 }
 
 #[test]
+fn static_program_is_reported_as_not_recorded() {
+    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-static");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recorder/tests/c/rec_nosites.c");
+    let st = Command::new("cc")
+        .arg("-static")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc -static (Debian: libc6-dev has libc.a)");
+    let d = dir("static");
+    let o = record(&d, &[], &exe, &[]);
+    assert!(o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran 42\n");
+    assert!(
+        stderr(&o).contains("nothing was recorded") && stderr(&o).contains("statically linked"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn bad_input_is_refused_with_a_reason() {
     let d = dir("bad");
     let cases: &[(&[&str], &str, &str)] = &[
