@@ -779,17 +779,24 @@ extern "C" fn fork_prepare() {
         }
         let g = state();
         let _ = FORK_GUARD.try_with(|f| *f.borrow_mut() = Some(g));
-        // No chunk half written when the child copies the pool.
-        IO_LOCK.lock_for(10_000);
+        // No chunk half written when the child copies the pool (after the
+        // final flush the lock stays taken: nothing is written any more).
+        let held = !FINISHED.load(SeqCst) && IO_LOCK.lock_for(10_000);
+        FORK_HELD_IO.store(held, SeqCst);
     });
 }
+
+/// Whether `fork_prepare` took the I/O lock (the parent gives it back).
+static FORK_HELD_IO: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn fork_parent() {
     let _ = std::panic::catch_unwind(|| {
         if PID.load(Relaxed) == 0 {
             return;
         }
-        IO_LOCK.unlock();
+        if FORK_HELD_IO.swap(false, SeqCst) {
+            IO_LOCK.unlock();
+        }
         let _ = FORK_GUARD.try_with(|f| f.borrow_mut().take());
     });
 }
