@@ -32,6 +32,36 @@ fn main() {
         b.flag(&f);
     }
     b.file(c.join("tracee_callsite.c")).compile("ftramp_tracee_callsite");
+    // Exceptions and panics through traced frames (tests/unwind.rs, on the
+    // arches with live patching): C++ with landing pads, C with cleanups
+    // and unwind tables.
+    let unwind_tracees: &[_] = match arch {
+        "x86_64" | "aarch64" => &[("tracee_unwind.cpp", "ftramp_tracee_unwind_cpp", true), ("tracee_unwind.c", "ftramp_tracee_unwind_c", false)],
+        _ => &[],
+    };
+    for &(file, lib, cpp) in unwind_tracees {
+        println!("cargo:rerun-if-changed={}", c.join(file).display());
+        let mut b = cc::Build::new();
+        base(&mut b);
+        b.cpp(cpp).flag("-fexceptions");
+        for f in flags("flags") {
+            b.flag(&f);
+        }
+        b.file(c.join(file)).compile(lib);
+    }
+    if !unwind_tracees.is_empty() {
+        // A C++ library the test dlopens after the hooks are in place.
+        let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
+        let so = out.join("libftramp_unwind_dl.so");
+        println!("cargo:rerun-if-changed={}", c.join("unwind_dl.cpp").display());
+        let mut b = cc::Build::new();
+        base(&mut b);
+        let mut cmd = b.cpp(true).pic(true).get_compiler().to_command();
+        cmd.args(flags("flags")).args(["-fexceptions", "-shared", "-o"]).arg(&so).arg(c.join("unwind_dl.cpp"));
+        let status = cmd.status().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+        assert!(status.success(), "{cmd:?} failed");
+        println!("cargo:rustc-env=FTRAMP_UNWIND_DL_SO={}", so.display());
+    }
     let mut b = cc::Build::new();
     b.opt_level(2).include(&c).file(c.join("harness.c")).compile("ftramp_harness");
     build_sites(&c.join("sites"), arch, &flags("flags"), &flags("callsite_flags"));

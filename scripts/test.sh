@@ -22,6 +22,9 @@ command -v qemu-aarch64 >/dev/null || need_pkgs+=(qemu-user)
 for triple in aarch64-linux-gnu riscv64-linux-gnu powerpc64le-linux-gnu s390x-linux-gnu; do
     command -v "$triple-gcc" >/dev/null || need_pkgs+=("gcc-$triple")
 done
+# C++ tracees (exectest/tests/unwind.rs) on the host and aarch64.
+command -v aarch64-linux-gnu-g++ >/dev/null || need_pkgs+=(g++-aarch64-linux-gnu)
+command -v g++ >/dev/null || need_pkgs+=(g++)
 command -v objdump >/dev/null || need_pkgs+=(binutils)
 command -v cc >/dev/null || need_pkgs+=(gcc)
 if ((${#need_pkgs[@]})); then

@@ -40,20 +40,34 @@
 //! found by walking the DATA headers down from the FRAME header.  Unlike
 //! Linux, no pointer packing: words are plain `u64`s.
 //!
-//! # Resynchronising (longjmp, exceptions)
+//! # Resynchronising (longjmp, exceptions, alternate signal stacks)
 //!
-//! Frames record the traced function's stack pointer at entry.  Stacks grow
-//! down, so a frame whose recorded sp is *below* the sp of a new entry, or
-//! below the entry-sp of a returning function, belongs to a call that was
-//! left without returning (`longjmp`, `siglongjmp`, an exception or a
-//! panic unwinding through it).  Rule: such frames are **dropped** — their
-//! `ret` callbacks are not called — and counted ([`stale_frames`]).  A frame
-//! with the *same* sp as a new entry is stale too unless the new call's
-//! return address is `return_to_handler` (a tail call from a traced
-//! function keeps its caller's hijacked return address and sp).
-//! Limitation: a signal handler running on an alternate stack
-//! (`sigaltstack`) *above* the thread stack would see every frame as stale;
-//! handlers on the thread stack are fine.
+//! Frames record the traced function's stack pointer at entry.  A return
+//! belongs to the innermost frame whose recorded sp is the returning
+//! function's entry sp (x86_64: sp - 8 after `ret`; aarch64: sp); frames
+//! above it on the shadow stack were left without returning.  Stacks grow
+//! down, so a frame whose recorded sp is *below* the sp of a new entry
+//! belongs to a call that was left too (`longjmp`, `siglongjmp`, an
+//! exception or a panic unwinding through it).  Rule: such frames are
+//! **dropped** — their `ret` callbacks are not called — and counted
+//! ([`stale_frames`]).  A frame with the *same* sp as a new entry is stale
+//! too unless the new call's return address is `return_to_handler` (a tail
+//! call from a traced function keeps its caller's hijacked return address
+//! and sp).
+//!
+//! Stacks are ordered only within one stack.  When a frame would be
+//! dropped at an entry, `sigaltstack(NULL, &ss)` tells whether the entry
+//! runs on the alternate signal stack while the frame lies elsewhere (a
+//! handler on an alternate stack *above* the thread stack, entered inside
+//! traced calls): that frame and those below it are kept, and the thread
+//! is marked `SLOW_ALT` so that its next entry off the alternate stack
+//! drops the frames left there (`siglongjmp` out of the handler).  An
+//! alternate stack below the thread stack needs nothing more.  Exceptions
+//! and panics: the unwinder hooks of [`unwind`](crate::unwind) put the
+//! real return addresses back before the unwinder walks the stack and mark
+//! the thread `SLOW_RESTORED`; its next entry drops the unwound frames and
+//! re-hijacks the survivors (the rule is in that module).  Both marks live
+//! in one byte that the entry tests on its fast path.
 //!
 //! # Guards and counters
 //!
@@ -367,6 +381,9 @@ pub fn register_fgraph(user: Arc<Fgraph>) -> Result<(), FgraphError> {
     }
     return_to_handler()?;
     clock::clock();
+    // Exceptions and panics through hijacked returns (a failure loses only
+    // that: unwind::install_error).
+    crate::unwind::install_quietly();
     crate::ftrace::on_modules_changed(refresh_masks);
     let mut r = registry();
     if r.users.iter().flatten().any(|u| Arc::ptr_eq(u, &user)) {
@@ -526,7 +543,18 @@ struct Shadow {
     /// the user each belongs to (a new user of the slot starts from 0).
     task_vars: [Cell<u64>; MAX_USERS],
     task_epochs: [Cell<u32>; MAX_USERS],
+    /// Slow-path marks, 0 almost always: [`SLOW_RESTORED`], [`SLOW_ALT`].
+    slow: Cell<u8>,
+    /// The alternate signal stack `[lo, hi)` while [`SLOW_ALT`] is set.
+    alt: Cell<(usize, usize)>,
 }
+
+/// The unwinder hooks restored real return addresses on this thread
+/// (`unwind.rs`): the next entry re-hijacks the frames that survived.
+const SLOW_RESTORED: u8 = 1;
+/// Frames were pushed on the alternate signal stack, above the thread's
+/// frames: the next entry off that stack drops them (left by siglongjmp).
+const SLOW_ALT: u8 = 2;
 
 impl Shadow {
     const fn new() -> Shadow {
@@ -541,6 +569,8 @@ impl Shadow {
             building: Cell::new(usize::MAX),
             task_vars: [const { Cell::new(0) }; MAX_USERS],
             task_epochs: [const { Cell::new(0) }; MAX_USERS],
+            slow: Cell::new(0),
+            alt: Cell::new((0, 0)),
         }
     }
 
@@ -653,31 +683,123 @@ impl Shadow {
     #[cold]
     fn resync_entry(&self, sp: usize, ret: usize) {
         let rth = RETURN_TO_HANDLER.load(Relaxed);
+        let mut alt = None;
         while let Some((fb, _)) = self.top_frame() {
             let fsp = self.get(fb + word::SP) as usize;
-            if fsp < sp || (fsp == sp && ret != rth) {
-                self.pop(fb);
-                STALE.fetch_add(1, Relaxed);
-            } else {
+            if fsp > sp || (fsp == sp && ret == rth) {
+                break;
+            }
+            // Stacks are ordered only within one stack: a handler on an
+            // alternate stack above the thread's sees the frames it
+            // interrupted below it.  Those are kept, and the frames pushed
+            // on the alternate stack are dropped once the thread is off it.
+            let alt = *alt.get_or_insert_with(|| match self.slow.get() & SLOW_ALT {
+                0 => crate::unwind::alt_stack(),
+                _ => Some(self.alt.get()),
+            });
+            if let Some(r) = alt {
+                if within(r, sp) && !within(r, fsp) {
+                    self.alt.set(r);
+                    self.slow.set(self.slow.get() | SLOW_ALT);
+                    break;
+                }
+            }
+            self.pop(fb);
+            STALE.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// [`resync_entry`](Shadow::resync_entry), and what the slow-path
+    /// marks ask for.
+    #[cold]
+    fn resync_slow(&self, sp: usize, ret: usize) {
+        if self.slow.get() == 0 {
+            return self.resync_entry(sp, ret);
+        }
+        if self.slow.get() & SLOW_ALT != 0 {
+            let r = self.alt.get();
+            if !within(r, sp) {
+                // Off the alternate stack: its frames were left.
+                while let Some((fb, _)) = self.top_frame() {
+                    if !within(r, self.get(fb + word::SP) as usize) {
+                        break;
+                    }
+                    self.pop(fb);
+                    STALE.fetch_add(1, Relaxed);
+                }
+                self.slow.set(self.slow.get() & !SLOW_ALT);
+            }
+        }
+        self.resync_entry(sp, ret);
+        if self.slow.get() & SLOW_RESTORED != 0 {
+            crate::unwind::lazy_rehijack(&ShadowFrames(self), sp, RETURN_TO_HANDLER.load(Relaxed));
+        }
+    }
+
+    /// The frame of a function returning with entry sp `sp` when it is not
+    /// the top one: the innermost frame with that sp (the frames above it
+    /// were left without returning and are dropped, whatever their sp:
+    /// they may lie on another stack); without one, the first frame not
+    /// below `sp`.
+    #[cold]
+    fn resync_return(&self, sp: usize) -> Option<(usize, u64)> {
+        let exact = self.frames().position(|(fb, _)| self.get(fb + word::SP) as usize == sp);
+        let left = match exact {
+            Some(n) => n,
+            None => self.frames().position(|(fb, _)| self.get(fb + word::SP) as usize >= sp)?,
+        };
+        for _ in 0..left {
+            let (fb, _) = self.top_frame()?;
+            self.pop(fb);
+            STALE.fetch_add(1, Relaxed);
+        }
+        self.top_frame()
+    }
+}
+
+fn within(r: (usize, usize), a: usize) -> bool {
+    r.0 <= a && a < r.1
+}
+
+/// A thread's shadow stack as `unwind.rs` sees it.
+struct ShadowFrames<'a>(&'a Shadow);
+
+impl crate::unwind::Frames for ShadowFrames<'_> {
+    fn each(&self, f: &mut dyn FnMut(usize, usize, usize) -> bool) {
+        for (fb, _) in self.0.frames() {
+            if !f(fb, self.0.get(fb + word::RET) as usize, self.0.get(fb + word::SP) as usize) {
                 break;
             }
         }
     }
-
-    /// Drops frames below a returning function's entry `sp` (left without
-    /// returning); the top frame afterwards, if any.
-    #[cold]
-    fn resync_return(&self, sp: usize) -> Option<(usize, u64)> {
-        loop {
-            let (fb, h) = self.top_frame()?;
-            if (self.get(fb + word::SP) as usize) < sp {
-                self.pop(fb);
-                STALE.fetch_add(1, Relaxed);
-                continue;
-            }
-            return Some((fb, h));
+    fn drop_innermost(&self) {
+        if let Some((fb, _)) = self.0.top_frame() {
+            self.0.pop(fb);
+            STALE.fetch_add(1, Relaxed);
         }
     }
+    fn set_restored(&self, on: bool) {
+        let s = self.0.slow.get();
+        self.0.slow.set(if on { s | SLOW_RESTORED } else { s & !SLOW_RESTORED });
+    }
+}
+
+/// For the unwinder hooks: runs `f` with this thread's frames and the
+/// `return_to_handler` address while the thread is marked busy (its traced
+/// calls go untraced meanwhile).  `None` when the thread has no shadow
+/// stack or is inside fgraph.
+pub(crate) fn with_thread_frames<R>(f: impl FnOnce(&dyn crate::unwind::Frames, usize) -> R) -> Option<R> {
+    SHADOW
+        .try_with(|sh| {
+            if sh.stack.get().is_null() || sh.busy.replace(true) {
+                return None;
+            }
+            let r = f(&ShadowFrames(sh), RETURN_TO_HANDLER.load(Relaxed));
+            sh.busy.set(false);
+            Some(r)
+        })
+        .ok()
+        .flatten()
 }
 
 /// Releases the thread's shadow stack when the thread exits (a separate
@@ -763,11 +885,17 @@ fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
     }
     // The common case costs one comparison: the top frame (the caller's)
     // was entered above this call.
-    if let Some((tfb, _)) = sh.top_frame() {
-        let tsp = sh.get(tfb + word::SP) as usize;
-        if tsp < sp || (tsp == sp && ret != RETURN_TO_HANDLER.load(Relaxed)) {
-            sh.resync_entry(sp, ret);
+    // (One call site for the slow paths: the marks of unwinder hooks and
+    // alternate signal stacks cost one more test here.)
+    let stale = match sh.top_frame() {
+        Some((tfb, _)) => {
+            let tsp = sh.get(tfb + word::SP) as usize;
+            tsp < sp || (tsp == sp && ret != RETURN_TO_HANDLER.load(Relaxed))
         }
+        None => false,
+    };
+    if stale || sh.slow.get() != 0 {
+        sh.resync_slow(sp, ret);
     }
     let fb = sh.top.get();
     if fb + word::FIXED + 1 > sh.len.get() {
@@ -1005,9 +1133,10 @@ fn fatal(msg: &[u8]) -> ! {
 fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> Option<usize> {
     let was_busy = sh.busy.replace(true);
     let sp = fregs.stack_pointer().wrapping_sub(RET_SP_DELTA);
-    // Frames below this function's entry sp were left without returning.
+    // The frame entered with this sp; frames above it were left without
+    // returning.
     let (fb, head) = match sh.top_frame() {
-        Some((fb, h)) if sh.get(fb + word::SP) as usize >= sp => (fb, h),
+        Some((fb, h)) if sh.get(fb + word::SP) as usize == sp => (fb, h),
         _ => sh.resync_return(sp)?,
     };
     let ret = sh.get(fb + word::RET) as usize;

@@ -11,12 +11,15 @@
 //! * [`clock`] is the cheap timestamp clock (TSC / cntvct, calibrated);
 //! * [`regs`] reads `struct ftrace_regs` through the generator's layout;
 //! * [`fgraph`] is function-graph tracing (entry + return, shadow stacks);
-//! * [`fprobe`] is entry/exit probes on top of one fgraph user.
+//! * [`fprobe`] is entry/exit probes on top of one fgraph user;
+//! * [`unwind`] hooks the unwinder so exceptions and panics pass hijacked
+//!   returns.
 //!
 //! `unsafe` lives only in `exec.rs`, `cache.rs`, `clock.rs` (counter reads), `patch*`, `regs.rs`,
 //! `grace.rs`, `dispatch.rs` (publishing the site table), `fgraph.rs`
-//! (the per-thread shadow stacks), `fprobe.rs` (the published tables)
-//! and `sites/loaded.rs`, each block with the reason it is sound.
+//! (the per-thread shadow stacks), `fprobe.rs` (the published tables),
+//! `unwind.rs` (GOT hooks, return slots on the stack) and
+//! `sites/loaded.rs`, each block with the reason it is sound.
 
 pub mod cache;
 pub mod clock;
@@ -30,6 +33,7 @@ pub mod ops;
 pub mod patch;
 pub mod regs;
 pub mod sites;
+pub mod unwind;
 
 pub use exec::JitImage;
 pub use regs::FtraceRegs;

@@ -56,7 +56,7 @@ use protect::{Maps, Writable};
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 
-mod protect;
+pub(crate) mod protect;
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod signal;

@@ -48,7 +48,7 @@
 
 mod arch;
 mod elf;
-mod loaded;
+pub(crate) mod loaded;
 
 use crate::patch::{self, TextEdit};
 use crate::{host_spec, RuntimeError};

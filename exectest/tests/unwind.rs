@@ -1,0 +1,543 @@
+//! The traced program behaves as untraced when C++ exceptions and Rust
+//! panics unwind through traced frames (the unwinder hooks of
+//! `runtime/src/unwind.rs`) and when signal handlers run on an alternate
+//! stack (`sigaltstack`) above or below the thread's stack, also left by
+//! `siglongjmp`.  Each case runs untraced first and compares.
+//!
+//! fgraph is process-wide: the tests take a lock and leave no user
+//! registered.
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+
+// The C tracees are linked into the ftramp-exectest library.
+use ftramp_exectest as _;
+use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
+use ftramp_runtime::ops::Filter;
+use ftramp_runtime::{unwind, FtraceRegs};
+use std::ffi::CStr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
+
+// SAFETY: tests/c/tracee_unwind.cpp's functions with their C signatures;
+// integers only, every exception is caught inside.  `unw_trail` returns a
+// NUL-terminated buffer and `unw_func` writes through its pointers, so
+// those two stay unsafe.
+unsafe extern "C" {
+    safe fn unw_driver(n: i64) -> i64;
+    safe fn unw_loop(iters: i64, n: i64) -> i64;
+    safe fn unw_reset();
+    safe fn unw_nfuncs() -> i64;
+    fn unw_trail() -> *const libc::c_char;
+    fn unw_func(f: i64, addr: *mut usize, calls: *mut i64, rets: *mut i64);
+}
+
+type Cb = extern "C-unwind" fn(i64) -> i64;
+
+// SAFETY: tests/c/tracee_unwind.c's functions with their C signatures.
+// The callbacks may unwind (a Rust panic) through `unwc_call`/`unwc_mid`,
+// compiled with -fexceptions, hence "C-unwind".
+unsafe extern "C-unwind" {
+    safe fn unwc_call(cb: Cb, n: i64) -> i64;
+    safe fn unwc_outer(rs: Cb, n: i64) -> i64;
+    safe fn unwc_note(v: i64) -> i64;
+    safe fn unwc_cleanups() -> i64;
+    safe fn unwc_reset();
+}
+
+// SAFETY: tests/c/tracee_unwind.c's signal-stack functions; integers only.
+// The handler they install runs traced C code and may siglongjmp back into
+// `alt_jmp_driver`, which set the jump buffer.
+unsafe extern "C" {
+    safe fn alt_raise(n: i64) -> i64;
+    safe fn alt_jmp_driver(n: i64) -> i64;
+    safe fn alt_leaf(n: i64) -> i64;
+    safe fn alt_nest(n: i64) -> i64;
+    safe fn alt_jump(n: i64) -> i64;
+    safe fn alt_install() -> i32;
+    safe fn alt_handler_runs() -> i64;
+    safe fn alt_handler_bad() -> i64;
+}
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---------------------------------------------------------------------------
+// An fgraph user counting entries and returns per function.
+
+const SLOTS: usize = 16;
+static FUNCS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static ENTRIES: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+static RETURNS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+static UNKNOWN: AtomicU64 = AtomicU64::new(0);
+
+fn slot_of(func: usize) -> Option<usize> {
+    FUNCS.iter().position(|f| f.load(SeqCst) == func)
+}
+
+extern "C" fn count_entry(e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    match slot_of(e.func) {
+        Some(i) => ENTRIES[i].fetch_add(1, SeqCst),
+        None => UNKNOWN.fetch_add(1, SeqCst),
+    };
+    true
+}
+
+extern "C" fn count_ret(r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {
+    match slot_of(r.func) {
+        Some(i) => RETURNS[i].fetch_add(1, SeqCst),
+        None => UNKNOWN.fetch_add(1, SeqCst),
+    };
+}
+
+/// Registers a counting user for `funcs` (addresses of traced functions).
+fn counting_user(funcs: &[usize]) -> Arc<Fgraph> {
+    assert!(funcs.len() <= SLOTS);
+    for (i, f) in FUNCS.iter().enumerate() {
+        f.store(funcs.get(i).copied().unwrap_or(usize::MAX), SeqCst);
+        ENTRIES[i].store(0, SeqCst);
+        RETURNS[i].store(0, SeqCst);
+    }
+    UNKNOWN.store(0, SeqCst);
+    let filter = funcs.iter().fold(Filter::new(), |f, a| f.addr(*a));
+    let u = Arc::new(Fgraph::new(count_entry, count_ret).filter(filter).skip_timestamp(true));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    u
+}
+
+fn counts(i: usize) -> (u64, u64) {
+    (ENTRIES[i].load(SeqCst), RETURNS[i].load(SeqCst))
+}
+
+// ---------------------------------------------------------------------------
+// C++ exceptions.
+
+/// (address, calls, normal returns) of each function of tracee_unwind.cpp.
+fn cpp_funcs() -> Vec<(usize, i64, i64)> {
+    (0..unw_nfuncs())
+        .map(|f| {
+            let (mut a, mut c, mut r) = (0usize, 0i64, 0i64);
+            // SAFETY: `f` is below unw_nfuncs(); the pointers are to locals.
+            unsafe { unw_func(f, &mut a, &mut c, &mut r) };
+            (a, c, r)
+        })
+        .collect()
+}
+
+fn trail() -> String {
+    // SAFETY: unw_trail returns its NUL-terminated static buffer.
+    unsafe { CStr::from_ptr(unw_trail()) }.to_string_lossy().into_owned()
+}
+
+#[test]
+fn hooks_are_installed_and_call_through() {
+    let _l = lock();
+    quiet_booms();
+    let n = unwind::install().unwrap();
+    assert!(n >= 2, "hooked slots: {n}");
+    assert_eq!(unwind::install().unwrap(), n, "idempotent");
+    // Untraced exceptions and panics go through the hooks unchanged.
+    unw_reset();
+    let r = unw_driver(2);
+    assert!(r > 0 && trail().contains('C'), "{r} {}", trail());
+    assert_eq!(unwc_outer(catching, 3), unwc_outer_expect(3));
+}
+
+#[test]
+fn cpp_exceptions_through_traced_frames() {
+    let _l = lock();
+    unw_reset();
+    let untraced = (unw_driver(3), trail(), unw_driver(1), unw_loop(20, 2));
+    let truth0 = cpp_funcs();
+    assert!(truth0.iter().all(|(_, c, _)| *c > 0), "every function ran: {truth0:?}");
+    let addrs: Vec<usize> = truth0.iter().map(|f| f.0).collect();
+    let u = counting_user(&addrs);
+    let (stale, misses, restores, unrestored) = (fgraph::stale_frames(), fgraph::misses(), unwind::restores(), unwind::unrestored_frames());
+    unw_reset();
+    let traced = (unw_driver(3), trail(), unw_driver(1), unw_loop(20, 2));
+    let depth = fgraph::depth();
+    let truth = cpp_funcs();
+    // Many iterations on a small shadow stack: a leak would overflow it.
+    fgraph::set_stack_words(256);
+    let (r, d, m) = std::thread::spawn(|| (unw_loop(300, 1), fgraph::depth(), fgraph::thread_misses())).join().unwrap();
+    fgraph::set_stack_words(0);
+    let got: Vec<(u64, u64)> = (0..addrs.len()).map(counts).collect();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(traced, untraced, "results and trail as untraced");
+    assert_eq!(depth, 0);
+    assert_eq!((d, m), (0, 0), "no frame leaks, no misses");
+    assert_eq!(fgraph::misses(), misses);
+    assert!(unwind::restores() > restores, "the hooks restored frames");
+    assert_eq!(unwind::unrestored_frames(), unrestored, "every return slot was found");
+    assert!(fgraph::stale_frames() > stale, "unwound frames are dropped");
+    assert_eq!(UNKNOWN.load(SeqCst), 0);
+    // The thread's run counted too: compare the main thread's truth with
+    // the callbacks minus what the thread added.
+    let thread_truth = {
+        unw_reset();
+        unw_loop(300, 1);
+        cpp_funcs()
+    };
+    assert_eq!(r, unw_loop_expect(300, 1));
+    assert_eq!((untraced.0, untraced.2), (unw_driver_expect(3), unw_driver_expect(1)));
+    for (i, ((a, c, ret), (tc, tr))) in truth.iter().zip(thread_truth.iter().map(|t| (t.1, t.2))).enumerate() {
+        // Every call entered; every normal return reported; no return for
+        // frames an exception unwound.
+        assert_eq!(got[i], ((c + tc) as u64, (ret + tr) as u64), "function {i} at {a:#x}: (entries, returns) vs (calls, normal returns)");
+    }
+}
+
+fn unw_loop_expect(iters: i64, n: i64) -> i64 {
+    (0..iters).map(|i| unw_driver_expect(n + i % 3)).sum()
+}
+
+/// unw_driver's checksum, from what each case catches.
+fn unw_driver_expect(n: i64) -> i64 {
+    let catch = |n: i64| 100 + n + 1;
+    (catch(n) + 42 + (42 + 7) + 1000 + catch(0)) * 10 + n
+}
+
+static PROF_RUNS: AtomicU64 = AtomicU64::new(0);
+static PROF_BAD: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_prof(_sig: i32) {
+    PROF_RUNS.fetch_add(1, SeqCst);
+    if alt_nest(3) != 22 {
+        PROF_BAD.fetch_add(1, SeqCst);
+    }
+}
+
+/// Sets (`us` > 0) or stops the SIGPROF timer and its handler.
+fn prof_timer(us: i64) {
+    // SAFETY: zeroed sigaction/itimerval are valid; the handler only
+    // touches atomics and traced C code.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = if us > 0 { on_prof as *const () as usize } else { libc::SIG_IGN };
+        sa.sa_flags = libc::SA_RESTART;
+        assert_eq!(libc::sigaction(libc::SIGPROF, &sa, std::ptr::null_mut()), 0);
+        let tv = libc::timeval { tv_sec: 0, tv_usec: us as _ };
+        let t = libc::itimerval { it_interval: tv, it_value: tv };
+        assert_eq!(libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut()), 0);
+    }
+}
+
+#[test]
+fn cpp_exceptions_while_signal_handlers_call_traced_functions() {
+    let _l = lock();
+    // SIGPROF lands anywhere: in the unwinder between a hook's restore and
+    // the landing pad, in cleanups, in hooks; its handler calls traced C.
+    let mut addrs: Vec<usize> = cpp_funcs().iter().map(|f| f.0).collect();
+    addrs.extend([alt_nest as *const () as usize, alt_leaf as *const () as usize]);
+    let u = counting_user(&addrs);
+    unw_reset();
+    PROF_RUNS.store(0, SeqCst);
+    PROF_BAD.store(0, SeqCst);
+    prof_timer(100);
+    let (mut rounds, mut wrong) = (0, 0);
+    let start = std::time::Instant::now();
+    while PROF_RUNS.load(SeqCst) < 100 && start.elapsed() < std::time::Duration::from_secs(20) {
+        wrong += usize::from(unw_loop(20, 2) != unw_loop_expect(20, 2));
+        rounds += 1;
+    }
+    prof_timer(0);
+    let depth = fgraph::depth();
+    let truth = cpp_funcs();
+    let got: Vec<(u64, u64)> = (0..addrs.len()).map(counts).collect();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!((wrong, depth, PROF_BAD.load(SeqCst)), (0, 0, 0), "after {rounds} rounds");
+    assert!(PROF_RUNS.load(SeqCst) > 0);
+    for (i, (a, c, r)) in truth.iter().enumerate() {
+        assert_eq!(got[i], (*c as u64, *r as u64), "function {i} at {a:#x}: (entries, returns) vs (calls, normal returns)");
+    }
+    let n = truth.len();
+    assert_eq!(got[n].0, got[n].1, "alt_nest in the handler: every return");
+    assert_eq!(got[n + 1].0, got[n + 1].1, "alt_leaf in the handler: every return");
+}
+
+// ---------------------------------------------------------------------------
+// Rust panics.
+
+struct Boom(i64);
+
+fn quiet_booms() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<Boom>().is_none() {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// Panics for multiples of 3.
+extern "C-unwind" fn maybe_panic(n: i64) -> i64 {
+    if n % 3 == 0 {
+        std::panic::panic_any(Boom(n));
+    }
+    n * 10
+}
+
+/// Called from traced C (unwc_outer): catches a panic that unwinds through
+/// traced C frames with cleanups, then calls a traced function.
+extern "C-unwind" fn catching(n: i64) -> i64 {
+    let r = match catch_unwind(AssertUnwindSafe(|| unwc_call(maybe_panic, n))) {
+        Ok(v) => v,
+        Err(p) => -p.downcast::<Boom>().map(|b| b.0).unwrap_or(1000),
+    };
+    r + unwc_note(1)
+}
+
+fn unwc_outer_expect(n: i64) -> i64 {
+    let r = if n % 3 == 0 { -n } else { (n * 10 * 2 + 1) + 1 };
+    r + 1 + 5
+}
+
+#[test]
+fn rust_panics_through_traced_c_frames() {
+    let _l = lock();
+    quiet_booms();
+    let run = || {
+        unwc_reset();
+        let direct: Vec<i64> = (0..12).map(|n| catch_unwind(AssertUnwindSafe(|| unwc_call(maybe_panic, n))).unwrap_or(-1)).collect();
+        let outer: Vec<i64> = (0..12).map(|n| unwc_outer(catching, n)).collect();
+        (direct, outer, unwc_cleanups())
+    };
+    let untraced = run();
+    assert_eq!(untraced.1, (0..12).map(unwc_outer_expect).collect::<Vec<_>>());
+    let funcs = [unwc_call as *const () as usize, unwc_outer as *const () as usize, unwc_note as *const () as usize];
+    let u = counting_user(&funcs);
+    let (stale, unrestored) = (fgraph::stale_frames(), unwind::unrestored_frames());
+    let traced = run();
+    // A traced call after the last catch drops what the panics left.
+    unwc_note(0);
+    let depth = fgraph::depth();
+    let got: Vec<(u64, u64)> = (0..3).map(counts).collect();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(traced, untraced);
+    assert_eq!(depth, 0);
+    assert!(fgraph::stale_frames() > stale);
+    assert_eq!(unwind::unrestored_frames(), unrestored, "every return slot was found");
+    // unwc_call: 24 calls, 8 of them panicked (0, 3, 6, 9, twice): no return.
+    assert_eq!(got[0], (24, 16), "unwc_call (entries, returns)");
+    // unwc_outer survived each panic (caught below it, then a traced
+    // call re-hijacked it): every return reported.
+    assert_eq!(got[1], (12, 12), "unwc_outer");
+    // unwc_note: 2 cleanups per unwc_call (run on return or by the
+    // panic's cleanups), 1 per `catching`, and the last one.
+    assert_eq!(got[2], (24 * 2 + 12 + 1, 24 * 2 + 12 + 1), "unwc_note");
+}
+
+static BT_FRAMES: Mutex<String> = Mutex::new(String::new());
+
+extern "C-unwind" fn capture(n: i64) -> i64 {
+    *BT_FRAMES.lock().unwrap() = format!("{}", std::backtrace::Backtrace::force_capture());
+    n
+}
+
+extern "C-unwind" fn via_call(n: i64) -> i64 {
+    unwc_call(capture, n)
+}
+
+#[test]
+fn backtraces_pass_hijacked_returns() {
+    let _l = lock();
+    let funcs = [unwc_call as *const () as usize, unwc_outer as *const () as usize];
+    let u = counting_user(&funcs);
+    let r = unwc_outer(via_call, 4);
+    let depth = fgraph::depth();
+    let got: Vec<(u64, u64)> = (0..2).map(counts).collect();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!((r, depth), ((4 * 2 + 1) + 1 + 5, 0));
+    assert_eq!(got, vec![(1, 1), (1, 1)], "returns still traced after the backtrace");
+    let bt = BT_FRAMES.lock().unwrap().clone();
+    // The walk went past the hijacked returns up to this test.
+    for f in ["unwc_mid", "unwc_call", "unwc_outer", "backtraces_pass_hijacked_returns"] {
+        assert!(bt.contains(f), "{f} missing from the backtrace:\n{bt}");
+    }
+}
+
+#[test]
+fn libraries_loaded_later_get_the_hooks() {
+    let _l = lock();
+    unwind::install().unwrap();
+    let before = unwind::hooked_slots();
+    let path = std::ffi::CString::new(env!("FTRAMP_UNWIND_DL_SO")).unwrap();
+    // SAFETY: our own test library (no constructors), kept loaded.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!h.is_null(), "dlopen {path:?}");
+    let sym = |name: &str| {
+        let c = std::ffi::CString::new(name).unwrap();
+        // SAFETY: looks a name up in a handle we hold.
+        let p = unsafe { libc::dlsym(h, c.as_ptr()) } as usize;
+        assert_ne!(p, 0, "{name}");
+        p
+    };
+    // SAFETY: unwdl_run is `long (long)` and catches what it throws.
+    let run: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(sym("unwdl_run")) };
+    let untraced = run(4);
+    // Cleanups of deep(0..4): 0, 1, 9, 66, 466; the handler's: 3262.
+    assert_eq!(untraced, 100 + 40 + 3262);
+    // What the module watcher does after a dlopen.
+    unwind::rescan();
+    assert!(unwind::hooked_slots() > before, "the new library's GOT was hooked");
+    let u = counting_user(&[sym("unwdl_run"), sym("unwdl_deep"), sym("unwdl_cleanup")]);
+    let traced = run(4);
+    let depth = fgraph::depth();
+    let got: Vec<(u64, u64)> = (0..3).map(counts).collect();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!((traced, depth), (untraced, 0));
+    assert_eq!(got, vec![(1, 1), (5, 0), (6, 6)], "(entries, returns) of unwdl_run, unwdl_deep, unwdl_cleanup");
+}
+
+// ---------------------------------------------------------------------------
+// Signal handlers on an alternate stack.
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Place {
+    Above,
+    Below,
+}
+
+/// This thread's stack `[lo, hi)`.
+fn thread_stack() -> (usize, usize) {
+    // SAFETY: pthread_attr_t initialised by pthread_getattr_np, destroyed once.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
+        let (mut a, mut s) = (std::ptr::null_mut(), 0usize);
+        assert_eq!(libc::pthread_attr_getstack(&attr, &mut a, &mut s), 0);
+        libc::pthread_attr_destroy(&mut attr);
+        (a as usize, a as usize + s)
+    }
+}
+
+const ALT_SIZE: usize = 256 << 10;
+
+/// An alternate stack mapped above or below this thread's stack, if a free
+/// place is found.
+fn map_alt(place: Place) -> Option<usize> {
+    let (lo, hi) = thread_stack();
+    for k in 1..256usize {
+        let hint = match place {
+            Place::Above => hi + k * (16 << 20),
+            Place::Below => lo.checked_sub(k * (16 << 20) + ALT_SIZE)?,
+        };
+        // SAFETY: a fresh anonymous mapping that replaces nothing.
+        let p = unsafe {
+            libc::mmap(
+                hint as *mut libc::c_void,
+                ALT_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            continue;
+        }
+        let a = p as usize;
+        if (place == Place::Above && a >= hi) || (place == Place::Below && a + ALT_SIZE <= lo) {
+            return Some(a);
+        }
+        // SAFETY: our own mapping, unused.
+        unsafe { libc::munmap(p, ALT_SIZE) };
+    }
+    None
+}
+
+#[derive(Debug, PartialEq)]
+struct AltRun {
+    plain: i64,
+    jumped: i64,
+    handler_runs: i64,
+    handler_bad: i64,
+    depth: usize,
+    misses: u64,
+}
+
+/// In a new thread with an alternate signal stack at `place`: signals
+/// raised from inside traced frames, handled on that stack by traced code;
+/// then the same with a siglongjmp out of the handler.  `stale` receives
+/// the stale-frame count between the two halves.
+fn alt_run(place: Place, stale: &AtomicU64) -> Option<AltRun> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let alt = map_alt(place)?;
+            let ss = libc::stack_t { ss_sp: alt as *mut libc::c_void, ss_flags: 0, ss_size: ALT_SIZE };
+            // SAFETY: installs a stack we mapped for this thread; removed below before unmapping.
+            assert_eq!(unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) }, 0);
+            assert_eq!(alt_install(), 0);
+            let (runs, bad) = (alt_handler_runs(), alt_handler_bad());
+            let plain = (0..40).map(|i| alt_raise(i % 5)).sum();
+            stale.store(fgraph::stale_frames(), SeqCst);
+            let jumped = (0..40).map(|i| alt_jmp_driver(i % 5)).sum();
+            let r = AltRun {
+                plain,
+                jumped,
+                handler_runs: alt_handler_runs() - runs,
+                handler_bad: alt_handler_bad() - bad,
+                depth: fgraph::depth(),
+                misses: fgraph::thread_misses(),
+            };
+            let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
+            // SAFETY: disables the alternate stack, then unmaps it: no handler runs on it any more.
+            unsafe {
+                assert_eq!(libc::sigaltstack(&off, std::ptr::null_mut()), 0);
+                libc::munmap(alt as *mut libc::c_void, ALT_SIZE);
+            }
+            Some(r)
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+fn alt_case(place: Place) {
+    let _l = lock();
+    let ignored = AtomicU64::new(0);
+    let Some(untraced) = alt_run(place, &ignored) else {
+        eprintln!("no free place for an alternate stack {place:?} the thread stack: skipped");
+        return;
+    };
+    assert_eq!((untraced.handler_runs, untraced.handler_bad), (80, 0));
+    let funcs = [alt_raise as *const () as usize, alt_leaf as *const () as usize, alt_nest as *const () as usize, alt_jump as *const () as usize];
+    let u = counting_user(&funcs);
+    let stale = fgraph::stale_frames();
+    let mid = AtomicU64::new(0);
+    let traced = alt_run(place, &mid);
+    let got: Vec<(u64, u64)> = (0..4).map(counts).collect();
+    let after = fgraph::stale_frames();
+    fgraph::unregister_fgraph(&u).unwrap();
+    let Some(traced) = traced else { panic!("the alternate stack {place:?} was found untraced, not traced") };
+    assert_eq!(traced, untraced);
+    // First half: the handlers' frames nested on the interrupted ones,
+    // none was taken as stale, every return was reported.
+    assert_eq!(mid.load(SeqCst), stale, "no frame dropped without siglongjmp");
+    let (raise, leaf, nest, jump) = (got[0], got[1], got[2], got[3]);
+    assert_eq!(nest.0, 80 * 5, "alt_nest(4) in every handler");
+    assert_eq!(nest.0, nest.1);
+    // Second half: alt_jump(3..0) and the alt_raise frames below the
+    // handler are left by siglongjmp: dropped, no return.
+    assert_eq!(jump, (40 * 4, 0));
+    assert!(after - stale >= 40 * 4);
+    let raised: u64 = (0..40).map(|i| i % 5 + 1).sum();
+    assert_eq!(raise.0, 2 * raised);
+    assert_eq!(raise.1, raised, "alt_raise returns only in the first half");
+    assert_eq!(leaf.0, leaf.1, "alt_leaf always returns");
+}
+
+#[test]
+fn sigaltstack_above_the_thread_stack() {
+    alt_case(Place::Above);
+}
+
+#[test]
+fn sigaltstack_below_the_thread_stack() {
+    alt_case(Place::Below);
+}

@@ -1,0 +1,918 @@
+//! Exceptions and panics through hijacked returns: hooks on the unwinder's
+//! entry points.
+//!
+//! [`fgraph`](crate::fgraph) points a traced function's return address at
+//! `return_to_handler`.  The unwinder (libgcc's `_Unwind_RaiseException`,
+//! `_Unwind_Resume`, `_Unwind_Resume_or_Rethrow`, `_Unwind_ForcedUnwind`:
+//! C++ `throw`, Rust panics, cleanups) walks the stack by return addresses,
+//! finds no FDE for `return_to_handler` and gives up (`std::terminate`,
+//! abort).  The runtime is a library linked into the program, not an
+//! `LD_PRELOAD`, so these entry points are hooked where every module calls
+//! them: its GOT.
+//!
+//! # Hooking
+//!
+//! [`install`] parses the `PT_DYNAMIC` of every loaded module in memory
+//! (`DT_JMPREL`/`DT_PLTRELSZ`, `DT_RELA`/`DT_RELASZ`, `DT_SYMTAB`,
+//! `DT_STRTAB`) and rewrites the GOT slots of the `JUMP_SLOT` and
+//! `GLOB_DAT` relocations that name one of [`HOOKED`] to point at a hook
+//! here (RELRO pages are made writable for the write and restored, with
+//! the patcher's protection helpers).  A slot is rewritten only when it
+//! holds the definition `dlsym(RTLD_DEFAULT)` finds or a lazy-binding stub
+//! of the module itself; a slot bound to another definition is left alone.
+//! fgraph calls [`install`] when a user registers, and the ops engine's
+//! module watcher calls [`rescan`] after `dlopen`s (within
+//! [`MODULE_WATCH_INTERVAL`](crate::ftrace::MODULE_WATCH_INTERVAL)).  Hooks
+//! stay for the life of the process: hijacked returns may be pending after
+//! the last user is gone, and a hook on a thread without frames only calls
+//! through.
+//!
+//! # Restore, then re-hijack
+//!
+//! Each hook is entered through a two-instruction stub that adds its
+//! caller's stack pointer as an argument.  Before calling the real
+//! function it **restores** the real return address of every frame of this
+//! thread's shadow stack entered above that sp (frames at or below it were
+//! unwound already: a landing pad calls `_Unwind_Resume` at the sp of its
+//! call that threw), remembers where it wrote (a per-thread table: frame
+//! base, entry sp, real return address, slot) and marks the thread
+//! *restored*.  Where the slot is:
+//!
+//! * x86_64: the return address is at the frame's recorded entry sp.
+//! * aarch64: `x30` was saved by the function's prologue somewhere in its
+//!   own frame, between the next inner traced frame's entry sp (the hook's
+//!   caller's sp for the innermost) and this frame's entry sp.  The frame-pointer
+//!   chain (frame records `{x29, x30}`, which GCC keeps by default) is
+//!   walked first; a record inside that range whose `x30` is
+//!   `return_to_handler` is the slot.  Without one, every word of the range
+//!   holding `return_to_handler` is restored (a stale copy in dead or
+//!   uninitialised memory is harmless to rewrite, and is put back
+//!   afterwards).  A frame with no such word is counted
+//!   ([`unrestored_frames`]): the unwinder would stop there.
+//!
+//! The slots live in that side table rather than in a word of each
+//! shadow-stack frame: they are needed only from a hook to the re-hijack,
+//! so frames keep their size and the entry path stores nothing more.
+//!
+//! The unwinder then sees the program's own return addresses.  Frames it
+//! unwinds are gone; those that survive are **re-hijacked** (the slot gets
+//! `return_to_handler` again, but only if it still holds the frame's real
+//! return address, so a reused slot is never written):
+//!
+//! * when the real function returns (no handler found,
+//!   `_Unwind_Backtrace`): every frame survived;
+//! * at `__cxa_begin_catch`, which the catching frame's landing pad calls
+//!   directly: frames whose entry sp is above the landing pad's sp (the
+//!   caller's sp, passed by a two-instruction stub) survived, the others
+//!   were unwound and are dropped;
+//! * otherwise (a cleanup landing pad calling traced functions, a Rust
+//!   panic caught by `catch_unwind`) lazily, at the thread's next traced
+//!   entry: fgraph first drops the frames below the new call (they were
+//!   left, as after a `longjmp`) and re-hijacks those above it.  A canary
+//!   in the hook's frame tells whether the unwinder may still be running
+//!   (a signal handler calling traced functions meanwhile): then nothing is
+//!   re-hijacked yet.
+//!
+//! Rule for callbacks: frames unwound by an exception or panic are dropped
+//! without a `ret` callback (counted in [`fgraph::stale_frames`]), as after a
+//! `longjmp`; frames that survive get their `ret` callback when they return,
+//! except a surviving frame that returns before any re-hijack (a Rust frame
+//! caught a panic and the traced C caller returns with no traced call in
+//! between): its return goes straight to the caller and its frame is
+//! dropped later, without callback.  In the rare case where such a dropped
+//! frame's slot is reused by a call from the same call site, that call's
+//! return is reported under the old frame's function; the return address
+//! is right either way.
+//!
+//! Not covered: `pthread_cancel`/`pthread_exit` (glibc reaches
+//! `_Unwind_ForcedUnwind` through `dlsym`, not a GOT), modules linked
+//! statically with the unwinder, and `dlopen`ed modules that throw before
+//! the module watcher hooked them.
+//!
+//! [`fgraph::stale_frames`]: crate::fgraph::stale_frames
+
+// Hooks exist on the arches with live patching only.
+#![cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+
+use crate::patch::protect::{Maps, Writable};
+use crate::sites::loaded::{with_loaded, Key, Live};
+use crate::RuntimeError;
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::Mutex;
+
+/// The functions hooked, in [`Entry`] order.
+pub const HOOKED: [&str; 6] =
+    ["_Unwind_RaiseException", "_Unwind_Resume", "_Unwind_Resume_or_Rethrow", "_Unwind_ForcedUnwind", "_Unwind_Backtrace", "__cxa_begin_catch"];
+
+#[derive(Clone, Copy)]
+#[repr(usize)]
+enum Entry {
+    Raise,
+    Resume,
+    ResumeOrRethrow,
+    Forced,
+    Backtrace,
+    BeginCatch,
+}
+
+/// The real functions (0: not found in this process).
+static REAL: [AtomicUsize; HOOKED.len()] = [const { AtomicUsize::new(0) }; HOOKED.len()];
+static HOOKED_SLOTS: AtomicUsize = AtomicUsize::new(0);
+static UNRESTORED: AtomicU64 = AtomicU64::new(0);
+static RESTORES: AtomicU64 = AtomicU64::new(0);
+
+/// What the hooks need of fgraph: a thread's shadow stack, while the thread
+/// is marked busy (its traced calls are not traced meanwhile, so nothing
+/// else changes it).
+pub(crate) trait Frames {
+    /// `f(base, real return address, entry sp)` for each complete frame,
+    /// innermost first, until `f` returns false.
+    fn each(&self, f: &mut dyn FnMut(usize, usize, usize) -> bool);
+    /// Drops the innermost frame (counted as stale).
+    fn drop_innermost(&self);
+    /// The thread's *restored* mark.
+    fn set_restored(&self, on: bool);
+}
+
+// ---------------------------------------------------------------------------
+// Counters.
+
+/// GOT slots pointed at a hook so far (all modules).
+pub fn hooked_slots() -> usize {
+    HOOKED_SLOTS.load(Relaxed)
+}
+
+/// Frames whose return slot could not be found when restoring (aarch64
+/// only): an unwinder reaching them stops there.
+pub fn unrestored_frames() -> u64 {
+    UNRESTORED.load(Relaxed)
+}
+
+/// Times a hook restored at least one frame (all threads).
+pub fn restores() -> u64 {
+    RESTORES.load(Relaxed)
+}
+
+// ---------------------------------------------------------------------------
+// Installing the hooks.
+
+struct Installed {
+    /// Modules whose every matching slot is settled (hooked, or bound
+    /// elsewhere).
+    done: HashSet<Key>,
+    /// The loader's counters at the last pass, and whether some module was
+    /// left unsettled (not relocated yet, or an error).
+    generation: Option<(u64, u64)>,
+    pending: bool,
+}
+
+static INSTALLED: Mutex<Option<Installed>> = Mutex::new(None);
+
+/// Hooks the unwinder's entry points in every loaded module (idempotent;
+/// also hooks modules loaded since the last call).  Returns the number of
+/// GOT slots pointing at a hook.
+pub fn install() -> Result<usize, RuntimeError> {
+    if !SUPPORTED {
+        return Ok(0);
+    }
+    crate::ftrace::on_modules_changed(rescan);
+    let mut g = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    let st = g.get_or_insert_with(|| Installed { done: HashSet::new(), generation: None, pending: false });
+    // dlsym takes the loader lock: before `with_loaded`.
+    for (i, name) in HOOKED.iter().enumerate() {
+        if REAL[i].load(Relaxed) == 0 {
+            let c = std::ffi::CString::new(*name).expect("no NUL in the names");
+            // SAFETY: dlsym with a NUL-terminated name only looks it up.
+            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) } as usize;
+            REAL[i].store(p, Release);
+        }
+    }
+    let real: Vec<usize> = REAL.iter().map(|r| r.load(Acquire)).collect();
+    let hooks = hook_addrs();
+    let maps = Maps::read()?;
+    let (generation, result) = with_loaded(|set| {
+        let mut result = Ok(());
+        st.pending = false;
+        for live in set.iter() {
+            if st.done.contains(&live.obj.key()) {
+                continue;
+            }
+            match hook_module(live, &real, &hooks, &maps) {
+                Ok(true) => {
+                    st.done.insert(live.obj.key());
+                }
+                Ok(false) => st.pending = true,
+                Err(e) => {
+                    st.pending = true;
+                    result = Err(e);
+                }
+            }
+        }
+        // Forget unloaded modules (an address may be reused).
+        let keys: HashSet<Key> = set.objects().iter().map(|o| o.key()).collect();
+        st.done.retain(|k| keys.contains(k));
+        ((set.adds, set.subs), result)
+    });
+    st.generation = Some(generation);
+    result?;
+    Ok(HOOKED_SLOTS.load(Relaxed))
+}
+
+static INSTALL_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
+/// [`install`], keeping a failure for [`install_error`] instead of
+/// returning it (fgraph works without the hooks; exceptions through traced
+/// frames do not).
+pub(crate) fn install_quietly() {
+    let r = install();
+    *INSTALL_ERROR.lock().unwrap_or_else(|e| e.into_inner()) = r.err().map(|e| e.to_string());
+}
+
+/// Why the last [`install`] fgraph made failed, if it did.
+pub fn install_error() -> Option<String> {
+    INSTALL_ERROR.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Hooks modules loaded since the last [`install`] (if it ran): the ops
+/// engine's module watcher calls this after `dlopen`s.  Cheap when nothing
+/// changed.
+pub fn rescan() {
+    {
+        let g = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_ref() {
+            None => return,
+            Some(st) if st.generation == Some(crate::sites::loader_generation()) && !st.pending => return,
+            Some(_) => {}
+        }
+    }
+    install_quietly();
+}
+
+/// The dynamic-section values the GOT search needs (in-memory addresses).
+#[derive(Default, Debug)]
+struct Dynamic {
+    symtab: usize,
+    strtab: usize,
+    strsz: usize,
+    syment: usize,
+    rela: usize,
+    relasz: usize,
+    relaent: usize,
+    jmprel: usize,
+    pltrelsz: usize,
+    pltrel: u64,
+}
+
+/// Dynamic-section tags (ELF gABI).
+mod dt {
+    pub const NULL: i64 = 0;
+    pub const PLTRELSZ: i64 = 2;
+    pub const STRTAB: i64 = 5;
+    pub const SYMTAB: i64 = 6;
+    pub const RELA: i64 = 7;
+    pub const RELASZ: i64 = 8;
+    pub const RELAENT: i64 = 9;
+    pub const STRSZ: i64 = 10;
+    pub const SYMENT: i64 = 11;
+    pub const PLTREL: i64 = 20;
+    pub const JMPREL: i64 = 23;
+}
+
+const R_JUMP_SLOT: u32 = if cfg!(target_arch = "aarch64") { 1026 } else { 7 };
+const R_GLOB_DAT: u32 = if cfg!(target_arch = "aarch64") { 1025 } else { 6 };
+const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+
+fn word_at(b: &[u8], i: usize) -> u64 {
+    u64::from_ne_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+/// A dynamic-section address: glibc rewrites `d_ptr` values to absolute
+/// addresses in place on most arches; others keep them link-time relative.
+fn dyn_addr(live: &Live<'_>, v: u64) -> Option<usize> {
+    let v = v as usize;
+    if live.obj.bias != 0 && live.obj.segment_of(v, 1).is_some() {
+        return Some(v);
+    }
+    let a = live.obj.bias.wrapping_add(v);
+    live.obj.segment_of(a, 1).map(|_| a)
+}
+
+fn read_dynamic(live: &Live<'_>) -> Option<Dynamic> {
+    let seg = live.obj.segments.iter().find(|s| s.p_type == libc::PT_DYNAMIC)?;
+    let at = live.obj.bias.wrapping_add(seg.vaddr as usize);
+    let bytes = live.read(at, seg.memsz as usize / 16 * 16)?;
+    let mut d = Dynamic { syment: 24, relaent: 24, ..Default::default() };
+    for e in bytes.chunks_exact(16) {
+        let (tag, val) = (word_at(e, 0) as i64, word_at(e, 8));
+        match tag {
+            dt::NULL => break,
+            dt::SYMTAB => d.symtab = dyn_addr(live, val)?,
+            dt::STRTAB => d.strtab = dyn_addr(live, val)?,
+            dt::STRSZ => d.strsz = val as usize,
+            dt::SYMENT => d.syment = val as usize,
+            dt::RELA => d.rela = dyn_addr(live, val)?,
+            dt::RELASZ => d.relasz = val as usize,
+            dt::RELAENT => d.relaent = val as usize,
+            dt::JMPREL => d.jmprel = dyn_addr(live, val)?,
+            dt::PLTRELSZ => d.pltrelsz = val as usize,
+            dt::PLTREL => d.pltrel = val,
+            _ => {}
+        }
+    }
+    (d.symtab != 0 && d.strtab != 0 && d.syment >= 24 && d.relaent >= 24).then_some(d)
+}
+
+/// The GOT slots of `live` that name a hooked function: (slot, entry).
+fn find_slots(live: &Live<'_>) -> Vec<(usize, usize)> {
+    let Some(d) = read_dynamic(live) else { return Vec::new() };
+    let Some(strtab) = live.read(d.strtab, d.strsz) else { return Vec::new() };
+    let mut tables = vec![(d.rela, d.relasz)];
+    if d.pltrel == dt::RELA as u64 {
+        tables.push((d.jmprel, d.pltrelsz));
+    }
+    let mut names: std::collections::HashMap<u32, Option<usize>> = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for (at, size) in tables {
+        if at == 0 || size == 0 {
+            continue;
+        }
+        let Some(rel) = live.read(at, size / d.relaent * d.relaent) else { continue };
+        for r in rel.chunks_exact(d.relaent) {
+            let (offset, info) = (word_at(r, 0), word_at(r, 8));
+            let (sym, kind) = ((info >> 32) as u32, info as u32);
+            if sym == 0 || (kind != R_JUMP_SLOT && kind != R_GLOB_DAT) {
+                continue;
+            }
+            let entry = *names.entry(sym).or_insert_with(|| {
+                let s = live.read(d.symtab + sym as usize * d.syment, 24)?;
+                let name = u32::from_ne_bytes(s[0..4].try_into().ok()?) as usize;
+                let tail = strtab.get(name..)?;
+                let end = tail.iter().position(|b| *b == 0)?;
+                HOOKED.iter().position(|h| h.as_bytes() == &tail[..end])
+            });
+            if let Some(e) = entry {
+                out.push((live.obj.bias.wrapping_add(offset as usize), e));
+            }
+        }
+    }
+    out
+}
+
+/// Points `live`'s slots at the hooks.  True when every slot is settled.
+fn hook_module(live: Live<'_>, real: &[usize], hooks: &[usize], maps: &Maps) -> Result<bool, RuntimeError> {
+    if live.obj.name.starts_with(b"linux-vdso") || live.obj.name.starts_with(b"linux-gate") {
+        return Ok(true);
+    }
+    let mut settled = true;
+    let mut todo = Vec::new();
+    for (slot, e) in find_slots(&live) {
+        let Some(cur) = live.read(slot, 8).map(|b| word_at(&b, 0) as usize) else {
+            settled = false;
+            continue;
+        };
+        if cur == hooks[e] || real[e] == 0 {
+            continue;
+        }
+        // Bound to the definition we call, or not bound yet (a lazy stub
+        // in the module itself, which would bind it on first call).
+        if cur == real[e] || live.obj.in_text(cur, 1) {
+            todo.push((slot, e));
+        } else if cur == 0 || live.obj.segment_of(cur, 1).is_none() && !maps_has_text(maps, cur) {
+            // Not relocated yet (the loader is still at it): retry later.
+            settled = false;
+        }
+    }
+    if todo.is_empty() {
+        return Ok(settled);
+    }
+    for (slot, _) in &todo {
+        maps.check(*slot, 8, false)?;
+    }
+    let w = Writable::open(maps, todo.iter().map(|(s, _)| (*s, 8)))?;
+    for (slot, e) in &todo {
+        // SAFETY: `slot` is a GOT entry of a loaded module (the loader lock
+        // is held, so it stays mapped), 8-aligned, made writable above; an
+        // atomic store, so a thread calling through it concurrently sees
+        // either the real function or the hook, which calls it.
+        unsafe { AtomicUsize::from_ptr(*slot as *mut usize) }.store(hooks[*e], SeqCst);
+        HOOKED_SLOTS.fetch_add(1, Relaxed);
+    }
+    w.close()?;
+    Ok(settled)
+}
+
+fn maps_has_text(maps: &Maps, addr: usize) -> bool {
+    maps.check(addr, 1, true).is_ok()
+}
+
+// ---------------------------------------------------------------------------
+// Per-thread state.
+
+#[derive(Clone, Copy)]
+struct Restored {
+    base: usize,
+    sp: usize,
+    ret: usize,
+    slot: usize,
+}
+
+struct Thread {
+    restored: RefCell<Vec<Restored>>,
+    /// The newest hook's canary: its address (0: none) and value.
+    canary_at: Cell<usize>,
+    canary: Cell<u64>,
+    /// This thread's stack `[lo, hi)`, once known.
+    stack: Cell<(usize, usize)>,
+}
+
+thread_local! {
+    static THREAD: Thread = const {
+        Thread { restored: RefCell::new(Vec::new()), canary_at: Cell::new(0), canary: Cell::new(0), stack: Cell::new((0, 0)) }
+    };
+}
+
+/// The alternate signal stack `[lo, hi)`, if one is set (one syscall;
+/// async-signal-safe).
+pub(crate) fn alt_stack() -> Option<(usize, usize)> {
+    let mut ss: libc::stack_t = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: 0, ss_size: 0 };
+    // SAFETY: sigaltstack with a null new stack only writes the current one into `ss`.
+    if unsafe { libc::sigaltstack(std::ptr::null(), &mut ss) } != 0 || ss.ss_flags & libc::SS_DISABLE != 0 || ss.ss_size == 0 {
+        return None;
+    }
+    Some((ss.ss_sp as usize, ss.ss_sp as usize + ss.ss_size))
+}
+
+/// This thread's stack (`pthread_getattr_np`, cached; not
+/// async-signal-safe: called only from the hooks).
+fn thread_stack(t: &Thread) -> (usize, usize) {
+    let s = t.stack.get();
+    if s.1 != 0 {
+        return s;
+    }
+    // SAFETY: pthread_attr_t is plain data initialised by pthread_getattr_np
+    // and destroyed once; pthread_attr_getstack writes two out-parameters.
+    let r = unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return (0, usize::MAX);
+        }
+        let (mut addr, mut size) = (std::ptr::null_mut(), 0usize);
+        let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
+        libc::pthread_attr_destroy(&mut attr);
+        if ok {
+            (addr as usize, addr as usize + size)
+        } else {
+            (0, usize::MAX)
+        }
+    };
+    t.stack.set(r);
+    r
+}
+
+/// Where frames may be read and which are alive, as seen from `sp`.
+struct Stacks {
+    sp: usize,
+    thread: (usize, usize),
+    alt: Option<(usize, usize)>,
+}
+
+fn within(r: (usize, usize), a: usize) -> bool {
+    r.0 <= a && a < r.1
+}
+
+impl Stacks {
+    fn on_alt(&self, a: usize) -> bool {
+        self.alt.is_some_and(|r| within(r, a))
+    }
+    /// A frame whose entry sp is `fsp` is live and readable: above `sp` on
+    /// the same stack, or on the thread stack while `sp` is on the
+    /// alternate one (an interrupted frame).
+    fn live(&self, fsp: usize) -> bool {
+        match (self.on_alt(self.sp), self.on_alt(fsp)) {
+            (true, true) => fsp > self.sp,
+            (true, false) => within(self.thread, fsp),
+            (false, true) => false,
+            (false, false) => fsp > self.sp && within(self.thread, fsp),
+        }
+    }
+    /// `a` lies on the thread stack or the alternate one.
+    fn mapped(&self, a: usize) -> bool {
+        within(self.thread, a) || self.on_alt(a)
+    }
+    /// `[lo, hi)` lies on one stack, above `sp` if that is the same one.
+    fn readable(&self, lo: usize, hi: usize) -> bool {
+        let r = if self.on_alt(lo) { self.alt.expect("on it") } else { self.thread };
+        lo < hi && within(r, lo) && hi <= r.1 && (self.on_alt(self.sp) != self.on_alt(lo) || lo >= self.sp)
+    }
+}
+
+fn read(a: usize) -> usize {
+    // SAFETY: callers pass 8-aligned addresses that `Stacks::live`/
+    // `readable`/`mapped` placed on this thread's stack (or the stack a
+    // signal interrupted) above the current sp, or that a restore found
+    // there: mapped for as long as the thread runs.
+    unsafe { std::ptr::read_volatile(a as *const usize) }
+}
+
+fn write(a: usize, v: usize) {
+    // SAFETY: as in `read`; the word is a return slot of a frame of this
+    // thread (or a stale copy of one), written only by this thread.
+    unsafe { std::ptr::write_volatile(a as *mut usize, v) }
+}
+
+/// The return-address slots of the frame `[lo, fsp)` on aarch64: the
+/// frame records on the chain in that range whose x30 is `rth`, or else
+/// every word there holding `rth`.
+fn find_slots_in(lo: usize, fsp: usize, rth: usize, chain: &[usize], out: &mut Vec<usize>) {
+    let start = out.len();
+    out.extend(chain.iter().copied().filter(|a| lo <= *a && *a < fsp && read(*a) == rth));
+    if out.len() > start {
+        return;
+    }
+    let mut a = (lo + 7) & !7;
+    while a + 8 <= fsp {
+        if read(a) == rth {
+            out.push(a);
+        }
+        a += 8;
+    }
+}
+
+/// The x30 slots (`fp + 8`) of the frame-pointer chain from `fp`, from
+/// the first record at or above `st.sp` (the hook's own records, if it
+/// keeps any, lie between this function's frame and `st.sp`).
+fn fp_chain(st: &Stacks, mut fp: usize, out: &mut Vec<usize>) {
+    let here = &fp as *const usize as usize;
+    for _ in 0..64 {
+        if fp >= st.sp || fp <= here || !fp.is_multiple_of(8) || !within(st.thread, fp) && !st.on_alt(fp) {
+            break;
+        }
+        fp = read(fp);
+    }
+    for _ in 0..100_000 {
+        if !fp.is_multiple_of(8) || !st.readable(fp, fp + 16) {
+            return;
+        }
+        out.push(fp + 8);
+        let next = read(fp);
+        // A signal frame's record points from the alternate stack to the
+        // interrupted one; otherwise records go up.
+        if next <= fp && st.on_alt(fp) == st.on_alt(next) {
+            return;
+        }
+        fp = next;
+    }
+}
+
+/// Restores the real return address of every live frame above `sp`.
+fn restore(fr: &dyn Frames, t: &Thread, sp: usize, fp: usize, rth: usize) {
+    let mut any = false;
+    fr.each(&mut |_, _, _| {
+        any = true;
+        false
+    });
+    if !any {
+        return;
+    }
+    let st = Stacks { sp, thread: thread_stack(t), alt: alt_stack() };
+    let Ok(mut table) = t.restored.try_borrow_mut() else { return };
+    let mut chain = Vec::new();
+    if cfg!(target_arch = "aarch64") {
+        fp_chain(&st, fp, &mut chain);
+    }
+    // aarch64: the range searched for this frame's slot is `[lo, fsp)`;
+    // frames with the same entry sp (tail calls) share one.
+    let (mut lo, mut prev) = (sp, (sp, 0));
+    let mut slots = Vec::new();
+    let before = table.len();
+    fr.each(&mut |base, ret, fsp| {
+        if !st.live(fsp) {
+            return true;
+        }
+        let known = table.iter().any(|r| r.base == base && r.sp == fsp && r.ret == ret && st.mapped(r.slot) && read(r.slot) == ret);
+        slots.clear();
+        if cfg!(target_arch = "x86_64") {
+            if read(fsp) == rth {
+                slots.push(fsp);
+            }
+        } else {
+            if fsp == prev.1 {
+                lo = prev.0;
+            } else if st.on_alt(lo) != st.on_alt(fsp) || lo >= fsp {
+                // A frame on another stack than the previous one: its
+                // range starts below it, at most 64 KiB.
+                let r = if st.on_alt(fsp) { st.alt.expect("on it") } else { st.thread };
+                lo = fsp.saturating_sub(64 << 10).max(r.0);
+            }
+            if st.readable(lo, fsp) {
+                find_slots_in(lo, fsp, rth, &chain, &mut slots);
+            }
+            if slots.is_empty() && !known && ret != rth {
+                UNRESTORED.fetch_add(1, Relaxed);
+            }
+        }
+        for s in &slots {
+            write(*s, ret);
+            table.push(Restored { base, sp: fsp, ret, slot: *s });
+        }
+        prev = (lo, fsp);
+        lo = fsp;
+        true
+    });
+    if table.len() > before {
+        RESTORES.fetch_add(1, Relaxed);
+    }
+    if !table.is_empty() {
+        fr.set_restored(true);
+    }
+}
+
+/// Writes `return_to_handler` back into the slots of the restored frames
+/// still on the shadow stack that `keep` accepts; forgets the rest.
+/// Restored frames on top whose slots no longer hold their return address
+/// were unwound (their stack is reused): they are dropped.
+fn rehijack(fr: &dyn Frames, t: &Thread, st: &Stacks, rth: usize, keep: &dyn Fn(usize) -> bool) {
+    let Ok(mut table) = t.restored.try_borrow_mut() else { return };
+    let holds = |r: &Restored| st.mapped(r.slot) && read(r.slot) == r.ret;
+    let mut dead = 0;
+    fr.each(&mut |base, ret, fsp| {
+        // (A frame whose return address is `return_to_handler` was
+        // tail-called and shares its slot with the next one.)
+        let mut mine = table.iter().filter(|r| r.base == base && r.sp == fsp && r.ret == ret).peekable();
+        let gone = ret != rth && mine.peek().is_some() && !mine.any(holds);
+        dead += usize::from(gone);
+        gone
+    });
+    for _ in 0..dead {
+        fr.drop_innermost();
+    }
+    fr.each(&mut |base, ret, fsp| {
+        if keep(fsp) {
+            for r in table.iter().filter(|r| r.base == base && r.sp == fsp && r.ret == ret) {
+                if holds(r) {
+                    write(r.slot, rth);
+                }
+            }
+        }
+        true
+    });
+    table.clear();
+    t.canary_at.set(0);
+    fr.set_restored(false);
+}
+
+/// Called by fgraph at a traced entry while the thread is restored (after
+/// it dropped the frames below `sp`): re-hijacks the survivors unless the
+/// unwinder may still be running.
+pub(crate) fn lazy_rehijack(fr: &dyn Frames, sp: usize, rth: usize) {
+    let _ = THREAD.try_with(|t| {
+        let at = t.canary_at.get();
+        if at != 0 && read_canary_if_above(at, sp) == Some(t.canary.get()) {
+            // The hook's frame is intact above us: perhaps a signal handler
+            // interrupted the unwinder.  Wait for a later entry.
+            return;
+        }
+        let thread = match t.stack.get() {
+            (_, 0) => (0, usize::MAX),
+            r => r,
+        };
+        let st = Stacks { sp, thread, alt: alt_stack() };
+        rehijack(fr, t, &st, rth, &|fsp| st.live(fsp));
+    });
+}
+
+/// The canary's value when the hook frame at `at` may still be alive as
+/// seen from `sp`: `sp` below it on the same stack, or on another stack.
+fn read_canary_if_above(at: usize, sp: usize) -> Option<u64> {
+    let alt = alt_stack();
+    let on_alt = |a: usize| alt.is_some_and(|r| within(r, a));
+    if on_alt(at) == on_alt(sp) && sp > at {
+        return None;
+    }
+    // SAFETY: the canary lies on this thread's stack above `sp` (or on the
+    // stack a signal interrupted), which is mapped.
+    Some(unsafe { std::ptr::read_volatile(at as *const u64) })
+}
+
+// ---------------------------------------------------------------------------
+// The hooks.
+
+/// Restore for a hook called from `caller_sp` whose frame holds `canary`.
+fn before(canary: &Cell<u64>, caller_sp: usize, fp: usize) {
+    let at = canary as *const Cell<u64> as usize;
+    let _ = THREAD.try_with(|t| {
+        crate::fgraph::with_thread_frames(|fr, rth| {
+            let v = (at as u64).rotate_left(29) ^ 0x6674_7261_6d70_ca11;
+            canary.set(v);
+            t.canary.set(v);
+            t.canary_at.set(at);
+            restore(fr, t, caller_sp, fp, rth);
+        });
+    });
+}
+
+/// After a real function returned: every frame survived.
+fn after() {
+    let _ = THREAD.try_with(|t| {
+        crate::fgraph::with_thread_frames(|fr, rth| {
+            if t.restored.try_borrow().is_ok_and(|r| !r.is_empty()) {
+                let st = Stacks { sp: 0, thread: thread_stack(t), alt: alt_stack() };
+                rehijack(fr, t, &st, rth, &|_| true);
+            }
+        });
+    });
+}
+
+/// The frame pointer (aarch64), for the frame-record chain.
+#[inline(always)]
+fn frame_pointer() -> usize {
+    #[cfg(target_arch = "aarch64")]
+    {
+        let fp: usize;
+        // SAFETY: reads x29 into a register; no memory, no side effects.
+        unsafe { std::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags)) };
+        fp
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    0
+}
+
+fn real<F: Copy>(e: Entry) -> F {
+    let p = REAL[e as usize].load(Acquire);
+    if p == 0 {
+        fatal(b"ftramp unwind: a hook ran without its real function\n");
+    }
+    debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
+    // SAFETY: `p` is the address dlsym returned for this entry's name, and
+    // `F` is that function's C signature (the hooks below pair them).
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+fn fatal(msg: &[u8]) -> ! {
+    // SAFETY: write(2) of a static buffer; async-signal-safe.
+    unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
+    std::process::abort()
+}
+
+type Exc = *mut c_void;
+type Code = libc::c_int;
+
+// Each hook is entered through a two-instruction stub (below) that adds
+// the caller's stack pointer as the last argument: frames entered at or
+// below it were unwound already (a landing pad calling `_Unwind_Resume`
+// runs at the sp of its frame's call that threw), frames above it are
+// live.
+
+extern "C-unwind" fn hook_raise(exc: Exc, caller_sp: usize) -> Code {
+    let canary = Cell::new(0u64);
+    before(&canary, caller_sp, frame_pointer());
+    let f: unsafe extern "C-unwind" fn(Exc) -> Code = real(Entry::Raise);
+    // SAFETY: the real function, with the caller's argument.
+    let r = unsafe { f(exc) };
+    std::hint::black_box(&canary);
+    after();
+    r
+}
+
+extern "C-unwind" fn hook_resume(exc: Exc, caller_sp: usize) {
+    let canary = Cell::new(0u64);
+    before(&canary, caller_sp, frame_pointer());
+    let f: unsafe extern "C-unwind" fn(Exc) = real(Entry::Resume);
+    // SAFETY: the real function, with the caller's argument.
+    unsafe { f(exc) };
+    std::hint::black_box(&canary);
+    fatal(b"ftramp unwind: _Unwind_Resume returned\n")
+}
+
+extern "C-unwind" fn hook_resume_or_rethrow(exc: Exc, caller_sp: usize) -> Code {
+    let canary = Cell::new(0u64);
+    before(&canary, caller_sp, frame_pointer());
+    let f: unsafe extern "C-unwind" fn(Exc) -> Code = real(Entry::ResumeOrRethrow);
+    // SAFETY: the real function, with the caller's argument.
+    let r = unsafe { f(exc) };
+    std::hint::black_box(&canary);
+    after();
+    r
+}
+
+extern "C-unwind" fn hook_forced(exc: Exc, stop: *mut c_void, arg: *mut c_void, caller_sp: usize) -> Code {
+    let canary = Cell::new(0u64);
+    before(&canary, caller_sp, frame_pointer());
+    let f: unsafe extern "C-unwind" fn(Exc, *mut c_void, *mut c_void) -> Code = real(Entry::Forced);
+    // SAFETY: the real function, with the caller's arguments.
+    let r = unsafe { f(exc, stop, arg) };
+    std::hint::black_box(&canary);
+    after();
+    r
+}
+
+extern "C-unwind" fn hook_backtrace(trace: *mut c_void, arg: *mut c_void, caller_sp: usize) -> Code {
+    let canary = Cell::new(0u64);
+    before(&canary, caller_sp, frame_pointer());
+    let f: unsafe extern "C-unwind" fn(*mut c_void, *mut c_void) -> Code = real(Entry::Backtrace);
+    // SAFETY: the real function, with the caller's arguments.
+    let r = unsafe { f(trace, arg) };
+    std::hint::black_box(&canary);
+    after();
+    r
+}
+
+/// `__cxa_begin_catch`, called by the catching frame's landing pad at the
+/// sp of its call that threw: frames entered at or below it were unwound.
+extern "C" fn hook_begin_catch(exc: Exc, caller_sp: usize) -> *mut c_void {
+    let _ = THREAD.try_with(|t| {
+        crate::fgraph::with_thread_frames(|fr, rth| {
+            if t.restored.try_borrow().is_ok_and(|r| r.is_empty()) {
+                return;
+            }
+            let st = Stacks { sp: caller_sp, thread: thread_stack(t), alt: alt_stack() };
+            let mut dead = 0;
+            fr.each(&mut |_, _, fsp| {
+                let gone = !st.live(fsp) && (st.on_alt(fsp) == st.on_alt(caller_sp));
+                dead += usize::from(gone);
+                gone
+            });
+            for _ in 0..dead {
+                fr.drop_innermost();
+            }
+            rehijack(fr, t, &st, rth, &|fsp| st.live(fsp));
+        });
+    });
+    let f: unsafe extern "C" fn(Exc) -> *mut c_void = real(Entry::BeginCatch);
+    // SAFETY: the real function, with the caller's argument.
+    unsafe { f(exc) }
+}
+
+/// A stub `$name` that jumps to `$hook` with the caller's sp in argument
+/// register `$x86` / `$a64` (the one after the real function's arguments).
+macro_rules! stub {
+    ($name:literal, $hook:path, $x86:literal, $a64:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::global_asm!(
+            concat!(".pushsection .text.", $name, ",\"ax\",@progbits"),
+            concat!(".globl ", $name),
+            concat!(".hidden ", $name),
+            concat!(".type ", $name, ",@function"),
+            concat!($name, ":"),
+            // Above the return address: the caller's sp.
+            concat!("lea ", $x86, ", [rsp + 8]"),
+            "jmp {hook}",
+            concat!(".size ", $name, ", . - ", $name),
+            ".popsection",
+            hook = sym $hook,
+        );
+        #[cfg(target_arch = "aarch64")]
+        std::arch::global_asm!(
+            concat!(".pushsection .text.", $name, ",\"ax\",%progbits"),
+            concat!(".globl ", $name),
+            concat!(".hidden ", $name),
+            concat!(".type ", $name, ",%function"),
+            concat!($name, ":"),
+            concat!("mov ", $a64, ", sp"),
+            "b {hook}",
+            concat!(".size ", $name, ", . - ", $name),
+            ".popsection",
+            hook = sym $hook,
+        );
+    };
+}
+
+stub!("ftramp_unwind_raise", hook_raise, "rsi", "x1");
+stub!("ftramp_unwind_resume", hook_resume, "rsi", "x1");
+stub!("ftramp_unwind_resume_or_rethrow", hook_resume_or_rethrow, "rsi", "x1");
+stub!("ftramp_unwind_forced", hook_forced, "rcx", "x3");
+stub!("ftramp_unwind_backtrace", hook_backtrace, "rdx", "x2");
+stub!("ftramp_unwind_begin_catch", hook_begin_catch, "rsi", "x1");
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+extern "C" {
+    // Only their addresses are used: they go into GOTs.
+    fn ftramp_unwind_raise();
+    fn ftramp_unwind_resume();
+    fn ftramp_unwind_resume_or_rethrow();
+    fn ftramp_unwind_forced();
+    fn ftramp_unwind_backtrace();
+    fn ftramp_unwind_begin_catch();
+}
+
+/// The hooks' entry stubs, in [`HOOKED`] order.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn hook_addrs() -> Vec<usize> {
+    let stubs: [unsafe extern "C" fn(); HOOKED.len()] = [
+        ftramp_unwind_raise,
+        ftramp_unwind_resume,
+        ftramp_unwind_resume_or_rethrow,
+        ftramp_unwind_forced,
+        ftramp_unwind_backtrace,
+        ftramp_unwind_begin_catch,
+    ];
+    stubs.iter().map(|f| *f as usize).collect()
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn hook_addrs() -> Vec<usize> {
+    Vec::new()
+}
