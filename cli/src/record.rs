@@ -295,10 +295,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         if summary.images == 1 { "" } else { "s" },
         a.output.display(),
         if summary.lost > 0 {
-            format!(
-                " ({} events lost: try a larger --buffer-size or --buffers)",
-                summary.lost
-            )
+            format!(" ({} events lost, see above)", summary.lost)
         } else {
             String::new()
         }

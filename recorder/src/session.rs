@@ -34,6 +34,9 @@ static WRITER_EPOCH: AtomicUsize = AtomicUsize::new(0);
 
 static OPTIONS: OnceLock<Options> = OnceLock::new();
 
+/// Shadow-stack size per thread, in words (a frame takes 5 or more).
+const SHADOW_STACK_WORDS: usize = 16 << 10;
+
 /// What the writer thread and fork/dlopen handling share.
 struct State {
     disc: Discovery,
@@ -117,6 +120,9 @@ fn start_with(opts: Options) -> Result<(), String> {
     write_syms(&mut st);
 
     Pool::install(opts.buffer_size, opts.buffers)?;
+    // Deep recursion: fgraph's default shadow stack (one page) holds ~100
+    // frames; mapped per thread, touched only as deep as calls go.
+    fgraph::set_stack_words(SHADOW_STACK_WORDS);
     install_handlers();
     if total > 0 {
         register(&mut st, opts)?;
@@ -603,7 +609,10 @@ fn finish(ending: Ending, tries: u32) -> bool {
     }
     let locked = IO_LOCK.lock_for(tries);
     pool::flush_all(DAT_FD.load(Relaxed));
-    let lost = pool::lost_total() + fgraph::misses();
+    // Events the buffers could not take, and calls left untraced because
+    // a shadow stack was full (their entries and exits are lost too).
+    let (dropped, missed) = (pool::lost_total(), fgraph::misses());
+    let lost = dropped + 2 * missed;
     let info = INFO_FD.load(Relaxed);
     if let Ending::Exec = ending {
         // SAFETY: fstat fills the struct we own.
@@ -621,11 +630,20 @@ fn finish(ending: Ending, tries: u32) -> bool {
         Ending::Exec => writeln!(b, "exit = \"exec\""),
     };
     pool::write_all(info, b.bytes());
-    if lost > 0 && !matches!(ending, Ending::Exec) {
+    if dropped > 0 && !matches!(ending, Ending::Exec) {
         let mut m = StackBuf::new();
         let _ = writeln!(
             m,
-            "ftramp record: pid {pid}: {lost} events lost (buffers full or shadow stack too small); try a larger --buffer-size"
+            "ftramp record: pid {pid}: {dropped} events lost (buffers full); try a larger --buffer-size or --buffers"
+        );
+        pool::write_all(2, m.bytes());
+    }
+    if missed > 0 && !matches!(ending, Ending::Exec) {
+        let mut m = StackBuf::new();
+        let _ = writeln!(
+            m,
+            "ftramp record: pid {pid}: {missed} calls not recorded (nested deeper than the {} frames a shadow stack holds)",
+            SHADOW_STACK_WORDS / 5
         );
         pool::write_all(2, m.bytes());
     }

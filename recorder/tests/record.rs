@@ -593,6 +593,27 @@ fn main_only_leaves_libraries_out() {
 }
 
 #[test]
+fn recursion_deeper_than_the_shadow_stack_is_counted() {
+    let b = built();
+    let dir = trace_dir("deep", "function_graph");
+    let out = record(&dir, &b.tracee, &["deep", "5000"], &[]);
+    assert!(out.status.success());
+    let p = &open(&dir).processes[0];
+    let got = per_function(p);
+    let (entries, exits) = count(&got, "rec_deep");
+    assert_eq!(entries, exits);
+    assert!(entries > 1000 && entries < 5001, "{entries}");
+    // Every call of rec_deep is either recorded (entry + exit) or counted.
+    assert_eq!(2 * entries + p.lost, 2 * 5001, "lost {}", p.lost);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{} calls not recorded", 5001 - entries)),
+        "{stderr}"
+    );
+    check_nesting(p);
+}
+
+#[test]
 fn lost_events_are_counted_and_reported() {
     let b = built();
     let dir = trace_dir("lost", "function_graph");

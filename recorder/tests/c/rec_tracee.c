@@ -49,6 +49,8 @@ __attribute__((noinline)) void rec_before(void) { n_before++; rec_leaf(2); }
 __attribute__((noinline)) void rec_after(void) { n_after++; rec_leaf(3); }
 __attribute__((noinline)) void rec_child(void) { n_child++; rec_leaf(4); }
 
+__attribute__((noinline)) long rec_deep(long n) { return n > 0 ? rec_deep(n - 1) + 1 : 0; }
+
 __attribute__((noinline)) void rec_crash(volatile int *p) { rec_before(); *p = 1; }
 
 static volatile int spinning_stop;
@@ -179,6 +181,12 @@ int main(int argc, char **argv)
             rec_after();
         counts();
         rec_crash(NULL);
+        return 0;
+    }
+    if (!strcmp(mode, "deep")) {
+        /* Recursion deeper than a shadow stack holds. */
+        long depth = argc > 2 ? atol(argv[2]) : 5000;
+        printf("rec_deep %ld\n", rec_deep(depth) + 1);
         return 0;
     }
     if (!strcmp(mode, "segv-threads")) {
