@@ -126,6 +126,8 @@ fn lower(e: &mut dyn arch::Emitter, spec: &Spec, step: &Step) -> Result<(), Code
         Step::CallReg { target } => e.call_reg(*target),
         Step::JumpReg { target } => e.jump_reg(*target),
         Step::Return => e.ret(),
+        Step::AlignSp { scratch } => e.align_sp(*scratch, spec.stack_alignment),
+        Step::RestoreSp => e.restore_sp(),
         Step::SaveFlags { off, scratch } => e.save_flags(*off, *scratch),
         Step::RestoreFlags { off, scratch } => e.restore_flags(*off, *scratch),
         Step::StorePair { a, b, base, off, .. } => e.store_pair(*a, *b, *base, *off, spec.reg_bytes(a.class) as i32),

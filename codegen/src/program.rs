@@ -290,6 +290,12 @@ pub enum Step {
     JumpReg { target: Reg },
     /// Return through the stack (x86 `ret`).
     Return,
+    /// Save sp through `scratch` and align it to the ABI's stack alignment
+    /// (specs with `trampoline.realign_sp`); [`Step::RestoreSp`] after the
+    /// call undoes it.
+    AlignSp { scratch: Reg },
+    /// sp as before the last [`Step::AlignSp`].
+    RestoreSp,
     /// Save the flags register at `[sp + off]`.
     SaveFlags { off: i32, scratch: Reg },
     /// Restore the flags register from `[sp + off]`.
@@ -519,19 +525,39 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
     s.push(Step::AddImm { dst: arg[0], src: site_ret, imm: spec.raw.site.ip_offset, note: Note::Text("ip = site address") });
     s.push(Step::Load { reg: arg[1], base: sp, off: at(SlotKind::ReturnAddress), note: Note::Text("parent_ip") });
     s.push(Step::AddImm { dst: arg[3], src: sp, imm: base, note: Note::Text("fregs") });
+    // Callbacks get an ABI-aligned stack even when the traced function was
+    // entered on a misaligned one (`trampoline.realign_sp`); nothing below
+    // addresses the frame through sp between the two steps.
+    let realign = spec.raw.trampoline.realign_sp;
+    let align = |s: &mut Vec<Step>| {
+        if realign {
+            s.push(Step::AlignSp { scratch: t });
+        }
+    };
+    let unalign = |s: &mut Vec<Step>| {
+        if realign {
+            s.push(Step::RestoreSp);
+        }
+    };
     match dispatch {
         Dispatch::List => {
             s.push(Step::LoadData { dst: arg[2], word: DataWord::FunctionTraceOp });
+            align(&mut s);
             s.push(Step::CallData { word: DataWord::ListFunc, scratch: t });
+            unalign(&mut s);
         }
         Dispatch::Direct => {
             s.push(Step::LoadData { dst: arg[2], word: DataWord::TracerOp(0) });
+            align(&mut s);
             s.push(Step::CallData { word: DataWord::TracerFunc(0), scratch: t });
+            unalign(&mut s);
         }
         Dispatch::Callsite => {
+            align(&mut s);
             s.push(Step::Load { reg: arg[2], base: arg[0], off: spec.raw.site.callsite_ops_offset, note: Note::Text("op = word before the function") });
             s.push(Step::Load { reg: t, base: arg[2], off: 0, note: Note::Text("op->func") });
             s.push(Step::CallReg { target: t });
+            unalign(&mut s);
         }
         Dispatch::Multi(n) => {
             // The arguments are caller-saved: keep ip and parent_ip for the
@@ -547,7 +573,9 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
                     s.push(Step::AddImm { dst: arg[3], src: sp, imm: base, note: Note::Text("fregs") });
                 }
                 s.push(Step::LoadData { dst: arg[2], word: DataWord::TracerOp(i) });
+                align(&mut s);
                 s.push(Step::CallData { word: DataWord::TracerFunc(i), scratch: t });
+                unalign(&mut s);
             }
         }
     }
@@ -661,7 +689,13 @@ fn return_steps(spec: &Spec, layout: &FrameLayout) -> Vec<Step> {
     s.push(Step::AddImm { dst: t, src: sp, imm: frame, note: Note::Text("sp after the return") });
     s.push(Step::Store { reg: t, base: sp, off: at(SlotKind::Sp), note: note(SlotKind::Sp) });
     s.push(Step::AddImm { dst: arg0, src: sp, imm: base, note: Note::Text("fregs") });
+    if spec.raw.trampoline.realign_sp {
+        s.push(Step::AlignSp { scratch: t });
+    }
     s.push(Step::CallData { word: DataWord::ReturnHandler, scratch: t });
+    if spec.raw.trampoline.realign_sp {
+        s.push(Step::RestoreSp);
+    }
     s.push(Step::AddImm { dst: spec.return_via, src: spec.int_ret[0], imm: 0, note: Note::Text("the real return address") });
     for r in saved.iter().rev() {
         if *r == spec.fp {
@@ -700,6 +734,8 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
         Step::CallReg { target } => format!("call_reg  {}", r(target)),
         Step::JumpReg { target } => format!("jump_reg  {}", r(target)),
         Step::Return => "return".to_string(),
+        Step::AlignSp { scratch } => format!("align_sp  {} (old sp via {})", spec.stack_alignment, r(scratch)),
+        Step::RestoreSp => "restore_sp".to_string(),
         Step::StorePair { a, b, base, off, notes } => {
             format!("store2    {}, {} -> {}{}{}", r(a), r(b), mem(base, off), n(&notes.0), n(&notes.1).replace("  ;", ","))
         }

@@ -198,6 +198,12 @@ pub struct RawTrampoline {
     /// `stmg`/`lmg`, `vstm`/`vlm`).
     #[serde(default)]
     pub multiple: bool,
+    /// The stack pointer at a traced function's entry may break the ABI's
+    /// alignment (gcc's default `-fipa-stack-alignment` calls a leaf of
+    /// the same file without aligning): align it to `abi.stack_alignment`
+    /// around every call into the runtime (`Emitter::align_sp`).
+    #[serde(default)]
+    pub realign_sp: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

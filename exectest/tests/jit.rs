@@ -538,3 +538,48 @@ mod flags {
         SET_FLAGS.store(u64::MAX, SeqCst);
     }
 }
+
+/// x86_64: gcc (`-fipa-stack-alignment`, on by default) may enter a leaf on
+/// a 16-byte aligned rsp, which breaks the ABI's "8 mod 16" at entry; the
+/// trampolines realign (`trampoline.realign_sp`), so callbacks and the
+/// return handler still get an ABI-aligned stack.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn callbacks_get_an_aligned_stack_when_the_traced_function_did_not() {
+    unsafe extern "C" {
+        fn arch_call_misaligned(f: usize, a: i64, b: i64) -> i64;
+        fn arch_ret_probe();
+        static mut arch_ret_next: usize;
+    }
+    let fx = fixture();
+    let probe = addr!(arch_sp_probe);
+    fx.jit.set_word(DataWord::DirectFunc, probe);
+    for v in entry_variants().filter(|v| matches!(v, Variant::Entry { dispatch: Dispatch::Direct, .. })) {
+        // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
+        let before = unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) };
+        // SAFETY: tracee_two is a C function of (long, long) -> long.
+        let got = with_site(addr!(tracee_two), fx.jit.entry(v).unwrap(), || unsafe { arch_call_misaligned(addr!(tracee_two), 3, 4) });
+        assert_eq!(got, 3004, "{v}");
+        // SAFETY: as above.
+        let (after, sp) = unsafe { (std::ptr::read_volatile(&raw const arch_probe_calls), std::ptr::read_volatile(&raw const arch_probe_sp)) };
+        assert_eq!(after, before + 1, "{v}: the probe ran");
+        assert_eq!(sp % 16, arch_sp_mod(), "{v}: callback sp {sp:#x} misaligned after a misaligned entry");
+    }
+    // The return handler, behind a probe that records its sp.
+    fx.jit.set_word(DataWord::DirectFunc, addr!(tracer));
+    HIJACK.store(true, SeqCst);
+    // SAFETY: written before the handler can run, by this thread only.
+    unsafe { arch_ret_next = addr!(ret_handler) };
+    assert!(fx.jit.set_word(DataWord::ReturnHandler, addr!(arch_ret_probe)));
+    let v = Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Direct };
+    // SAFETY: a global of the C harness, read as plain data.
+    let before = unsafe { std::ptr::read_volatile(&raw const arch_probe_calls) };
+    // SAFETY: tracee_two is a C function of (long, long) -> long.
+    let got = with_site(addr!(tracee_two), fx.jit.entry(v).unwrap(), || unsafe { arch_call_misaligned(addr!(tracee_two), 5, 6) });
+    assert!(fx.jit.set_word(DataWord::ReturnHandler, addr!(ret_handler)));
+    assert_eq!(got, 5006);
+    // SAFETY: as above.
+    let (after, sp) = unsafe { (std::ptr::read_volatile(&raw const arch_probe_calls), std::ptr::read_volatile(&raw const arch_probe_sp)) };
+    assert_eq!(after, before + 1, "the return probe ran");
+    assert_eq!(sp % 16, arch_sp_mod(), "return handler sp {sp:#x} misaligned after a misaligned entry");
+}

@@ -133,6 +133,17 @@ pub trait Emitter {
         }
         Ok(())
     }
+    /// Saves sp (through `scratch`) and aligns it down to `align` bytes,
+    /// for a call that needs an ABI-aligned stack; [`Emitter::restore_sp`]
+    /// undoes it after the call.  Only arches whose spec sets
+    /// `trampoline.realign_sp` implement it.
+    fn align_sp(&mut self, _scratch: Reg, _align: u32) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "trampoline.realign_sp (stack realignment)".into() })
+    }
+    /// sp as it was before [`Emitter::align_sp`].
+    fn restore_sp(&mut self) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "trampoline.realign_sp (stack realignment)".into() })
+    }
     /// Bytes emitted so far.
     fn pos(&self) -> usize;
     /// The code and its data-word references.

@@ -100,6 +100,24 @@ impl Emitter for X64Emitter {
         Ok(())
     }
 
+    fn align_sp(&mut self, scratch: Reg, align: u32) -> Result<(), CodegenError> {
+        // The old sp twice: sp stays aligned, and `pop rsp` (which loads
+        // rsp from [rsp]) restores it in one instruction.
+        let t = scratch.enc;
+        dynasm!(self.ops ; .arch x64 ; mov Rq(t), rsp);
+        match i8::try_from(-(align as i32)) {
+            Ok(mask) => dynasm!(self.ops ; .arch x64 ; and rsp, BYTE mask),
+            Err(_) => dynasm!(self.ops ; .arch x64 ; and rsp, -(align as i32)),
+        }
+        dynasm!(self.ops ; .arch x64 ; push Rq(t) ; push Rq(t));
+        Ok(())
+    }
+
+    fn restore_sp(&mut self) -> Result<(), CodegenError> {
+        dynasm!(self.ops ; .arch x64 ; pop rsp);
+        Ok(())
+    }
+
     fn ret(&mut self) -> Result<(), CodegenError> {
         dynasm!(self.ops ; .arch x64 ; ret);
         Ok(())
