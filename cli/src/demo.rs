@@ -32,12 +32,11 @@ pub struct DemoArgs {
 }
 
 /// The compiler flags the demo is built with: the host arch's patch-site
-/// flags (`ftramp cflags`); for gcc `-fno-ipa-ra` and
-/// `-fno-ipa-stack-alignment` (a traced call must keep the ABI's register
-/// and stack-alignment promises; clang has neither flag and does neither
-/// optimization unless asked); and no sibling calls so that fib's two recursive calls stay calls (gcc turns
-/// one into a loop otherwise, and the demo's own counters would no longer
-/// match the trace).
+/// flags (`ftramp cflags`), without `-fno-ipa-ra` for clang (which has no
+/// such flag and does no interprocedural register allocation unless
+/// asked), and no sibling calls so that fib's two recursive calls stay
+/// calls (gcc turns one into a loop otherwise, and the demo's own counters
+/// would no longer match the trace).
 pub fn demo_cflags(compiler: &str) -> Result<Vec<String>> {
     let arch = for_target_arch(std::env::consts::ARCH)
         .with_context(|| format!("no arch spec for this machine ({})", std::env::consts::ARCH))?;
@@ -45,7 +44,7 @@ pub fn demo_cflags(compiler: &str) -> Result<Vec<String>> {
     let mut flags: Vec<String> = ["-O2", "-g"].iter().map(|s| s.to_string()).collect();
     flags.extend(spec.raw.site.flags.split_whitespace().map(String::from));
     if !is_clang(compiler) {
-        flags.extend(["-fno-ipa-ra", "-fno-ipa-stack-alignment"].map(String::from));
+        flags.push("-fno-ipa-ra".into());
     }
     flags.push("-fno-optimize-sibling-calls".into());
     Ok(flags)

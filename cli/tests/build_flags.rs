@@ -217,8 +217,6 @@ fn cxx_built_by_gxx_and_clangxx_is_traced() {
         let mut flags = cflags();
         if cxx.starts_with("clang") {
             flags.retain(|f| f != "-fno-ipa-ra");
-        } else {
-            flags.push("-fno-ipa-stack-alignment".into());
         }
         let exe = dir.join("prog");
         compile(

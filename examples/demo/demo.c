@@ -14,7 +14,7 @@
  *
  * Build by hand (x86_64 with gcc; `ftramp cflags` prints the site flags of an
  * arch, `ftramp demo --build-dir DIR --build-only` the flags it uses):
- *   F="-O2 -fpatchable-function-entry=5 -fno-ipa-ra -fno-ipa-stack-alignment -fno-optimize-sibling-calls"
+ *   F="-O2 -fpatchable-function-entry=5 -fno-ipa-ra -fno-optimize-sibling-calls"
  *   cc $F -fPIC -shared -o libdemo_util.so demo_util.c
  *   cc $F -pthread -o demo demo.c -L. -ldemo_util -Wl,-rpath,'$ORIGIN'
  */
