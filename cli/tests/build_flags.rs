@@ -2,10 +2,12 @@
 //! g++ and by clang++ with `ftramp cflags`, and a Rust program built by a
 //! nightly rustc with `-Z patchable-function-entry`, recorded by `ftramp
 //! record`. Each program counts its own calls (`calls <name> <n>`); the
-//! trace must hold exactly that many entries and exits of each counted
-//! function (other functions, e.g. template instances of the standard
-//! library, may be traced too). A missing compiler skips its case with a
-//! message.
+//! trace must hold exactly that many entries of each counted function, and
+//! as many exits less the calls an exception unwound (`unwound <name> <n>`:
+//! those never return); other functions, e.g. template instances of the
+//! standard library, may be traced too. The C++ program throws through two
+//! traced frames and must catch exactly as without tracing. A missing
+//! compiler skips its case with a message.
 
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
@@ -17,10 +19,11 @@ use std::process::Command;
 const CXX: &str = r#"
 #include <atomic>
 #include <cstdio>
+#include <stdexcept>
 #include <vector>
 #define FUNC __attribute__((noinline))
 
-static std::atomic<unsigned long> n_ctor, n_area, n_twice, n_total;
+static std::atomic<unsigned long> n_ctor, n_area, n_twice, n_total, n_thrower, n_middle, n_thrown;
 
 struct Shape {
     virtual ~Shape() {}
@@ -44,8 +47,30 @@ FUNC double total(const std::vector<Shape *> &shapes)
     return t;
 }
 
+/* Every fourth call throws through middle to main's catch. */
+FUNC int thrower(int x)
+{
+    n_thrower++;
+    if (x % 4 == 3) {
+        n_thrown++;
+        throw std::runtime_error("three");
+    }
+    return x;
+}
+
+FUNC int middle(int x) { n_middle++; return thrower(x) + 1; }
+
 int main()
 {
+    int caught = 0, sum = 0;
+    for (int i = 0; i < 10; i++) {
+        try {
+            sum += middle(i);
+        } catch (const std::runtime_error &) {
+            caught++;
+        }
+    }
+    std::printf("caught %d sum %d\n", caught, sum);
     std::vector<Shape *> shapes;
     for (int i = 0; i < 5; i++)
         shapes.push_back(new Square(i));
@@ -57,6 +82,9 @@ int main()
     std::printf("total %g\n", t);
     std::printf("calls main 1\ncalls Square::Square %lu\ncalls Square::area %lu\n", n_ctor.load(), n_area.load());
     std::printf("calls twice<double> %lu\ncalls total %lu\n", n_twice.load(), n_total.load());
+    std::printf("calls thrower %lu\ncalls middle %lu\n", n_thrower.load(), n_middle.load());
+    /* The calls an exception left never return: no exit is recorded for them. */
+    std::printf("unwound thrower %lu\nunwound middle %lu\n", n_thrown.load(), n_thrown.load());
     return 0;
 }
 "#;
@@ -133,14 +161,17 @@ fn compile(cmd: &mut Command) {
 
 /// Records `exe`; returns (the program's own counts, the trace's entry
 /// and exit counts per demangled name).
-fn record(
-    dir: &Path,
-    exe: &Path,
-) -> (
-    BTreeMap<String, u64>,
-    BTreeMap<String, u64>,
-    BTreeMap<String, u64>,
-) {
+/// What a recorded run holds: the program's own `calls` and `unwound`
+/// counts, and the trace's entries and exits, per (demangled) name.
+struct Recorded {
+    calls: BTreeMap<String, u64>,
+    unwound: BTreeMap<String, u64>,
+    entries: BTreeMap<String, u64>,
+    exits: BTreeMap<String, u64>,
+    stdout: String,
+}
+
+fn record(dir: &Path, exe: &Path) -> Recorded {
     let trace_dir = dir.join("trace");
     let out = Command::new(env!("CARGO_BIN_EXE_ftramp"))
         .arg("record")
@@ -155,13 +186,17 @@ fn record(
         "ftramp record failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let want: BTreeMap<String, u64> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let (name, n) = l.strip_prefix("calls ")?.rsplit_once(' ')?;
-            Some((name.to_string(), n.parse().ok()?))
-        })
-        .collect();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let counts = |prefix: &str| -> BTreeMap<String, u64> {
+        stdout
+            .lines()
+            .filter_map(|l| {
+                let (name, n) = l.strip_prefix(prefix)?.rsplit_once(' ')?;
+                Some((name.to_string(), n.parse().ok()?))
+            })
+            .collect()
+    };
+    let (want, unwound) = (counts("calls "), counts("unwound "));
     assert!(
         !want.is_empty(),
         "the program printed no counts:\n{}",
@@ -185,23 +220,33 @@ fn record(
             }
         }
     }
-    (want, entries, exits)
+    Recorded {
+        calls: want,
+        unwound,
+        entries,
+        exits,
+        stdout,
+    }
 }
 
-fn check(dir: &Path, exe: &Path) {
-    let (want, entries, exits) = record(dir, exe);
-    for (name, n) in &want {
+fn check(dir: &Path, exe: &Path) -> String {
+    let r = record(dir, exe);
+    for (name, n) in &r.calls {
         assert_eq!(
-            entries.get(name),
+            r.entries.get(name),
             Some(n),
-            "entries of {name}; traced: {entries:?}"
+            "entries of {name}; traced: {:?}",
+            r.entries
         );
+        let returned = n - r.unwound.get(name).copied().unwrap_or(0);
         assert_eq!(
-            exits.get(name),
-            Some(n),
-            "exits of {name}; traced: {exits:?}"
+            r.exits.get(name).copied().unwrap_or(0),
+            returned,
+            "exits of {name}; traced: {:?}",
+            r.exits
         );
     }
+    r.stdout
 }
 
 #[test]
@@ -227,7 +272,12 @@ fn cxx_built_by_gxx_and_clangxx_is_traced() {
                 .arg(&exe)
                 .arg(dir.join("prog.cpp")),
         );
-        check(&dir, &exe);
+        let out = check(&dir, &exe);
+        // 3 and 7 throw; the other 8 calls return x + 1: 55 - 4 - 8.
+        assert!(
+            out.contains("caught 2 sum 43"),
+            "{cxx}: the exceptions went astray under tracing:\n{out}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
         tested += 1;
     }
