@@ -527,7 +527,7 @@ fn refresh_masks() {
 /// A thread's shadow stack and fgraph state.  No `Drop`: the thread-local
 /// is then accessed without a liveness check on every traced call; the
 /// mapping is released by [`Unmapper`] at thread exit.
-struct Shadow {
+pub(crate) struct Shadow {
     stack: Cell<*mut u64>,
     len: Cell<usize>,
     top: Cell<usize>,
@@ -557,7 +557,7 @@ const SLOW_RESTORED: u8 = 1;
 const SLOW_ALT: u8 = 2;
 
 impl Shadow {
-    const fn new() -> Shadow {
+    pub(crate) const fn new() -> Shadow {
         Shadow {
             stack: Cell::new(std::ptr::null_mut()),
             len: Cell::new(0),
@@ -813,18 +813,28 @@ impl Drop for Unmapper {
 }
 
 thread_local! {
-    static SHADOW: Shadow = const { Shadow::new() };
     static UNMAP: Unmapper = const { Unmapper };
 }
+
+/// This thread's [`Shadow`] (in the runtime's one thread-local block).
+struct ShadowKey;
+
+impl ShadowKey {
+    /// Never fails: the block has no destructor (kept for the shape of the
+    /// callers, which date from a destructor-carrying thread-local).
+    #[inline(always)]
+    fn try_with<R>(&self, f: impl FnOnce(&Shadow) -> R) -> Result<R, std::convert::Infallible> {
+        Ok(f(shadow()))
+    }
+}
+
+static SHADOW: ShadowKey = ShadowKey;
 
 /// This thread's [`Shadow`], as a plain reference so that the hot paths
 /// inline into the trampolines' callees.
 #[inline(always)]
 fn shadow() -> &'static Shadow {
-    // SAFETY: `Shadow` has no destructor, so the thread-local lives at a
-    // fixed address until the thread is gone; `Shadow` is not `Sync`
-    // (Cells), so the reference can never reach another thread.
-    SHADOW.with(|sh| unsafe { &*(sh as *const Shadow) })
+    &crate::thread::this().shadow
 }
 
 /// The user in `slot`, if still registered and registered at or before

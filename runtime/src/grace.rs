@@ -190,13 +190,12 @@ use std::sync::atomic::{compiler_fence, fence, AtomicI32, AtomicPtr, AtomicU32, 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-thread_local! {
-    /// This thread's dispatch word (generation << 32 | depth, see the
-    /// module documentation).  Written only by this thread (and by signal
-    /// handlers on it, which restore it); read by our grace-period handler,
-    /// which also runs on this thread.  Relaxed loads and stores are plain
-    /// moves.
-    static DISPATCH: AtomicU64 = const { AtomicU64::new(0) };
+/// This thread's dispatch word (generation << 32 | depth, see the module
+/// documentation), in the runtime's thread-local block
+/// ([`crate::thread`]).  Relaxed loads and stores are plain moves.
+#[inline(always)]
+fn dispatch_word() -> &'static AtomicU64 {
+    &crate::thread::this().dispatch
 }
 
 const GENERATION_ONE: u64 = 1 << 32;
@@ -217,7 +216,8 @@ impl DispatchGuard {
     /// of this thread (as seen by a signal handler on it).
     #[inline(always)]
     pub fn enter() -> DispatchGuard {
-        DISPATCH.with(|d| d.store(d.load(Relaxed).wrapping_add(1), Relaxed));
+        let d = dispatch_word();
+        d.store(d.load(Relaxed).wrapping_add(1), Relaxed);
         compiler_fence(SeqCst);
         DispatchGuard { _not_send: PhantomData }
     }
@@ -227,21 +227,20 @@ impl Drop for DispatchGuard {
     #[inline(always)]
     fn drop(&mut self) {
         compiler_fence(SeqCst);
-        DISPATCH.with(|d| {
-            let w = d.load(Relaxed).wrapping_sub(1);
-            d.store(w.wrapping_add(((w as u32 == 0) as u64) * GENERATION_ONE), Relaxed)
-        });
+        let d = dispatch_word();
+        let w = d.load(Relaxed).wrapping_sub(1);
+        d.store(w.wrapping_add(((w as u32 == 0) as u64) * GENERATION_ONE), Relaxed);
     }
 }
 
 /// The current thread's dispatch depth (0: not inside any callback).
 pub fn dispatch_depth() -> u32 {
-    DISPATCH.with(|d| d.load(Relaxed)) as u32
+    dispatch_word().load(Relaxed) as u32
 }
 
 /// Outermost dispatch sections the current thread has completed (wrapping).
 pub fn dispatch_generation() -> u32 {
-    (DISPATCH.with(|d| d.load(Relaxed)) >> 32) as u32
+    (dispatch_word().load(Relaxed) >> 32) as u32
 }
 
 /// What [`synchronize`] found.  Only [`GraceResult::Ok`] allows freeing.
@@ -412,7 +411,7 @@ extern "C" fn on_grace_signal(_sig: libc::c_int, _info: *mut libc::siginfo_t, ct
     unsafe {
         let errno = *libc::__errno_location();
         let pc = interrupted_pc(ctx);
-        let word = DISPATCH.with(|d| d.load(Relaxed));
+        let word = dispatch_word().load(Relaxed);
         let (depth, generation) = (word as u32, (word >> 32) as u32);
         HANDLERS.fetch_add(1, SeqCst);
         let req = CURRENT.load(SeqCst);

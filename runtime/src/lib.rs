@@ -33,6 +33,7 @@ pub mod ops;
 pub mod patch;
 pub mod regs;
 pub mod sites;
+mod thread;
 pub mod unwind;
 
 pub use exec::JitImage;
