@@ -154,6 +154,7 @@ fn cpp_exceptions_through_traced_frames() {
     assert!(truth0.iter().all(|(_, c, _)| *c > 0), "every function ran: {truth0:?}");
     let addrs: Vec<usize> = truth0.iter().map(|f| f.0).collect();
     let u = counting_user(&addrs);
+    assert_eq!(unwind::install_error(), None, "registering hooked the unwinder");
     let (stale, misses, restores, unrestored) = (fgraph::stale_frames(), fgraph::misses(), unwind::restores(), unwind::unrestored_frames());
     unw_reset();
     let traced = (unw_driver(3), trail(), unw_driver(1), unw_loop(20, 2));

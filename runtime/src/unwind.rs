@@ -207,7 +207,8 @@ pub fn install() -> Result<usize, RuntimeError> {
                 Ok(false) => st.pending = true,
                 Err(e) => {
                     st.pending = true;
-                    result = Err(e);
+                    let name = if live.obj.is_main { "the main program".into() } else { String::from_utf8_lossy(&live.obj.name).into_owned() };
+                    result = Err(RuntimeError::BadPatch { addr: live.obj.bias, why: format!("hooking the unwinder in the GOT of {name}: {e}") });
                 }
             }
         }
