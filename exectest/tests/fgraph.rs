@@ -540,8 +540,16 @@ fn exec_from_inside_a_traced_call() {
     assert_eq!((SMALL[0].load(SeqCst), SMALL[1].load(SeqCst), SMALL[2].load(SeqCst)), (1 + 4, 1 + 4, 0));
 }
 
-extern "C" fn task_var_entry(_e: &GraphEnt, g: &Fgraph, _f: &mut FtraceRegs) -> bool {
-    g.with_task_var(|v| *v += 1);
+/// Counts calls in the user's task variable, half through the record's
+/// own pointer (no thread-local lookup), half through the thread-local:
+/// both reach the same variable.
+extern "C" fn task_var_entry(e: &GraphEnt, g: &Fgraph, f: &mut FtraceRegs) -> bool {
+    if f.argument(0).unwrap_or(0) % 2 == 0 {
+        let c = e.task_var(g).expect("registered");
+        c.set(c.get() + 1);
+    } else {
+        g.with_task_var(|v| *v += 1);
+    }
     false
 }
 
@@ -555,16 +563,16 @@ fn task_variables_are_per_thread_and_per_user() {
     fgraph::register_fgraph(b.clone()).unwrap();
     assert_eq!(a.task_var(), Some(0));
     b.set_task_var(100);
-    for _ in 0..5 {
-        tracee_two(1, 2);
+    for i in 0..5 {
+        tracee_two(i, 2);
     }
     assert_eq!((a.task_var(), b.task_var()), (Some(5), Some(105)));
     let threads: Vec<_> = (1..=3u64)
         .map(|t| {
             let (a, b) = (a.clone(), b.clone());
             std::thread::spawn(move || {
-                for _ in 0..t * 10 {
-                    tracee_two(1, 2);
+                for i in 0..t * 10 {
+                    tracee_two(i as i64, 2);
                 }
                 (t, a.task_var(), b.task_var())
             })

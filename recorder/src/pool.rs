@@ -356,6 +356,11 @@ pub struct Local {
     pub times: [Cell<u64>; DEPTH_SLOTS],
     /// Minimum duration: the frames at depths below this are written.
     pub written: Cell<usize>,
+    /// function_graph without a minimum duration: calls with an ENTRY
+    /// written and no EXIT yet (the fgraph depth after the last event).
+    /// More than the depth of a new event means fgraph dropped frames
+    /// (longjmp, exception): they get UNWOUND markers.
+    pub open: Cell<usize>,
 }
 
 thread_local! {
@@ -365,6 +370,7 @@ thread_local! {
             ids: [const { Cell::new(0) }; DEPTH_SLOTS],
             times: [const { Cell::new(0) }; DEPTH_SLOTS],
             written: Cell::new(0),
+            open: Cell::new(0),
         }
     };
     /// Releases the slot at thread exit (registered with the slot).
@@ -380,6 +386,26 @@ pub fn local() -> &'static Local {
     // is not Sync).  Taking the pointer keeps `LocalKey::with` small enough
     // to inline into the callbacks.
     unsafe { &*p }
+}
+
+/// [`local`] through the recorder's fgraph task variable, which keeps the
+/// address of this thread's [`Local`] after the first call: one thread-local
+/// lookup (`__tls_get_addr` in this shared library) less per callback.
+#[inline(always)]
+pub fn local_cached(task_var: Option<&Cell<u64>>) -> &'static Local {
+    let Some(c) = task_var else { return local() };
+    let p = c.get();
+    if p != 0 {
+        // SAFETY: only this function stores into the recorder's task
+        // variable, and what it stores is the address of this thread's
+        // Local (the task variable is per thread): a const thread-local
+        // without destructor, alive until the thread is gone and at the
+        // same address in a fork child.
+        return unsafe { &*(p as *const Local) };
+    }
+    let l = local();
+    c.set(l as *const Local as u64);
+    l
 }
 
 struct SlotGuard;

@@ -11,7 +11,7 @@
 //! per-thread counter (`written`) says which are written.
 
 use crate::ids::{lookup, NO_ID};
-use crate::pool::{emit, local, lose, DEPTH_SLOTS};
+use crate::pool::{emit, local_cached, lose, Local, DEPTH_SLOTS};
 use ftramp_runtime::clock::ticks;
 use ftramp_runtime::fgraph::{Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::ops::Ops;
@@ -24,14 +24,26 @@ pub static MAX_DEPTH: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// Minimum duration in ticks (0: record every call).
 pub static MIN_TICKS: AtomicU64 = AtomicU64::new(0);
 
-pub extern "C" fn graph_entry(ent: &GraphEnt, _user: &Fgraph, _regs: &mut FtraceRegs) -> bool {
+/// Closes, as unwound, the calls fgraph dropped since the last event: more
+/// open than the `depth` of the event now (see [`Local::open`]).
+#[inline(always)]
+fn unwound_above(l: &Local, depth: usize, now: u64) {
+    let open = l.open.get();
+    if open > depth {
+        for _ in depth..open {
+            l.emit(Event::unwound(0), now);
+        }
+    }
+}
+
+pub extern "C" fn graph_entry(ent: &GraphEnt, user: &Fgraph, _regs: &mut FtraceRegs) -> bool {
     let d = ent.depth;
     if d >= MAX_DEPTH.load(Relaxed) {
         return false;
     }
     let now = ticks();
     let id = lookup(ent.func);
-    let l = local();
+    let l = local_cached(ent.task_var(user));
     if id == NO_ID {
         l.lose(1);
         return false;
@@ -40,7 +52,9 @@ pub extern "C" fn graph_entry(ent: &GraphEnt, _user: &Fgraph, _regs: &mut Ftrace
         c.set(id);
     }
     if MIN_TICKS.load(Relaxed) == 0 {
+        unwound_above(l, d, now);
         l.emit(Event::entry(id, 0), now);
+        l.open.set(d + 1);
         return true;
     }
     let Some(t) = l.times.get(d) else {
@@ -55,10 +69,10 @@ pub extern "C" fn graph_entry(ent: &GraphEnt, _user: &Fgraph, _regs: &mut Ftrace
     true
 }
 
-pub extern "C" fn graph_return(ret: &GraphRet, _user: &Fgraph, _regs: &mut FtraceRegs) {
+pub extern "C" fn graph_return(ret: &GraphRet, user: &Fgraph, _regs: &mut FtraceRegs) {
     let now = ticks();
     let d = ret.depth;
-    let l = local();
+    let l = local_cached(ret.task_var(user));
     // The id entered at this depth, which is this frame's.
     let id = match l.ids.get(d) {
         Some(c) => c.get(),
@@ -66,7 +80,9 @@ pub extern "C" fn graph_return(ret: &GraphRet, _user: &Fgraph, _regs: &mut Ftrac
     };
     let min = MIN_TICKS.load(Relaxed);
     if min == 0 {
+        unwound_above(l, d + 1, now);
         l.emit(Event::exit(id, 0), now);
+        l.open.set(d);
         return;
     }
     if d >= DEPTH_SLOTS {

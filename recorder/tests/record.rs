@@ -200,6 +200,9 @@ fn check_nesting(p: &Process) -> usize {
                     stack.push(e.func);
                     deepest = deepest.max(stack.len());
                 }
+                EventKind::Exit if e.func == ftramp_trace::format::UNWOUND_FUNC => {
+                    assert!(stack.pop().is_some(), "tid {}: unwound marker with no call open", t.tid);
+                }
                 EventKind::Exit => {
                     assert_eq!(
                         stack.pop(),
@@ -256,6 +259,34 @@ fn threads_exact_counts() {
     check_nesting(p);
     // Worker threads ended while recorded: their last chunk says so.
     assert_eq!(p.threads.iter().filter(|t| t.exited).count(), 4);
+}
+
+/// Calls left by longjmp are closed as unwound before the next event, so
+/// what follows nests where it ran (not inside the calls that were left).
+#[test]
+fn longjmp_closes_the_calls_it_left_as_unwound() {
+    use ftramp_trace::calls::{CallTree, End};
+    let b = built();
+    let dir = trace_dir("longjmp", "function_graph");
+    let out = record(&dir, &b.tracee, &["longjmp"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = &counters(&out.stdout)[0];
+    assert_eq!((want["rec_jump"], want["rec_leaf"]), (12, 3));
+    let t = open(&dir);
+    let p = &t.processes[0];
+    check_nesting(p);
+    let main = p.threads.iter().find(|t| t.tid == p.pid).expect("the main thread");
+    let tree = CallTree::build(main, true);
+    let named = |f: &str| tree.calls.iter().filter(|c| p.func_name(c.func) == f).collect::<Vec<_>>();
+    let (jumps, leaves) = (named("rec_jump"), named("rec_leaf"));
+    assert_eq!((jumps.len(), leaves.len()), (12, 3));
+    assert!(jumps.iter().all(|c| matches!(c.end, End::Unwound(_))), "every rec_jump was left by longjmp");
+    let main_depth = named("main")[0].depth;
+    for l in leaves {
+        assert!(matches!(l.end, End::Returned(_)));
+        assert_eq!(l.depth, main_depth + 1, "rec_leaf is main's child, not nested in a rec_jump left by longjmp");
+    }
+    assert_eq!(tree.unmatched_exits, 0);
 }
 
 #[test]

@@ -184,6 +184,8 @@ pub struct GraphEnt {
     pub func: usize,
     /// Frames of this thread below this call on the shadow stack.
     pub depth: usize,
+    /// The calling thread's shadow stack ([`GraphEnt::task_var`]).
+    shadow: *const Shadow,
 }
 
 /// What a return callback gets (`struct ftrace_graph_ret`); the return
@@ -196,6 +198,8 @@ pub struct GraphRet {
     /// ns, CLOCK_MONOTONIC; 0 when every user skips timestamps.
     pub calltime: u64,
     pub rettime: u64,
+    /// The calling thread's shadow stack ([`GraphRet::task_var`]).
+    shadow: *const Shadow,
 }
 
 /// Entry callback: `false` = do not call `ret` for this call.
@@ -242,22 +246,25 @@ impl Fgraph {
     /// 0 on each thread when the user registers, kept across its calls.
     /// `None` when the user is not registered (or the thread is exiting).
     pub fn with_task_var<R>(&self, f: impl FnOnce(&mut u64) -> R) -> Option<R> {
+        let c = self.task_var_in(shadow())?;
+        let mut v = c.get();
+        let r = f(&mut v);
+        c.set(v);
+        Some(r)
+    }
+
+    /// This user's task variable in `sh` (reset when the slot's user changed).
+    #[inline(always)]
+    fn task_var_in<'a>(&self, sh: &'a Shadow) -> Option<&'a Cell<u64>> {
         let slot = self.slot.load(Acquire);
         if slot >= MAX_USERS {
             return None;
         }
         let epoch = self.reg_epoch.load(Relaxed);
-        SHADOW
-            .try_with(|sh| {
-                if sh.task_epochs[slot].replace(epoch) != epoch {
-                    sh.task_vars[slot].set(0);
-                }
-                let mut v = sh.task_vars[slot].get();
-                let r = f(&mut v);
-                sh.task_vars[slot].set(v);
-                r
-            })
-            .ok()
+        if sh.task_epochs[slot].replace(epoch) != epoch {
+            sh.task_vars[slot].set(0);
+        }
+        Some(&sh.task_vars[slot])
     }
 
     /// This thread's task variable (see [`Fgraph::with_task_var`]).
@@ -918,7 +925,7 @@ fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
     sh.set(fb + word::CALLTIME, if TIMESTAMPS.load(Relaxed) { clock::ticks() } else { 0 });
     sh.top.set(fb + word::FIXED);
     sh.building.set(fb);
-    let ent = GraphEnt { func: ip, depth: sh.depth.get() };
+    let ent = GraphEnt { func: ip, depth: sh.depth.get(), shadow: sh };
     let mut want = 0u16;
     let mut call = |slot: usize, sh: &Shadow| {
         if let Some(u) = user_at(slot, epoch) {
@@ -957,6 +964,16 @@ fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
 }
 
 impl GraphEnt {
+    /// The calling thread's task variable of `user` (the user whose
+    /// callback got this record), as [`Fgraph::with_task_var`] but without
+    /// a thread-local lookup: the record knows its thread.
+    pub fn task_var(&self, user: &Fgraph) -> Option<&Cell<u64>> {
+        // SAFETY: `shadow` is the calling thread's block, which lives until
+        // the thread is gone; the record is not Send (raw pointer) and lives
+        // only during the callback on that thread.
+        user.task_var_in(unsafe { &*self.shadow })
+    }
+
     /// Reserves `size` (≤ [`DATA_MAX`]) bytes on the shadow stack for this
     /// call, zeroed, which the same user finds in its return callback
     /// ([`GraphRet::retrieve_data`]).  Only valid inside an entry callback;
@@ -1029,6 +1046,12 @@ impl GraphRet {
 }
 
 impl GraphRet {
+    /// As [`GraphEnt::task_var`].
+    pub fn task_var(&self, user: &Fgraph) -> Option<&Cell<u64>> {
+        // SAFETY: as in GraphEnt::task_var.
+        user.task_var_in(unsafe { &*self.shadow })
+    }
+
     /// Calls `f` with each block this user reserved at entry, in
     /// reservation order (one walk of the frame; fprobe's exit).
     pub fn for_each_data(&self, mut f: impl FnMut(&mut [u8])) {
@@ -1154,7 +1177,7 @@ fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> Option<usize> {
     // A frame pushed with a time gets one at return.
     let (calltime, rettime) = if calltime != 0 { (clock::ticks_to_ns(calltime), clock::ticks_to_ns(clock::ticks())) } else { (0, 0) };
     let depth = sh.depth.get() - 1;
-    let rec = GraphRet { func: sh.get(fb + word::FUNC) as usize, depth, calltime, rettime };
+    let rec = GraphRet { func: sh.get(fb + word::FUNC) as usize, depth, calltime, rettime, shadow: sh };
     let epoch = word::epoch(head);
     let mut m = word::bitmap(head);
     let mut call = |slot: usize| {

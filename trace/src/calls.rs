@@ -110,6 +110,13 @@ impl CallTree {
                         open.push(idx);
                     }
                 }
+                EventKind::Exit if ev.func == crate::format::UNWOUND_FUNC => {
+                    // The innermost open call was left without returning.
+                    match open.pop() {
+                        Some(c) => tree.calls[c].end = End::Unwound(ev.ns),
+                        None => tree.unmatched_exits += 1,
+                    }
+                }
                 EventKind::Exit => {
                     match open.iter().rposition(|&c| tree.calls[c].func == ev.func) {
                         Some(pos) => {
@@ -244,6 +251,26 @@ mod tests {
         assert_eq!(tree.end_or_last(0), 60);
         let order: Vec<usize> = tree.preorder().into_iter().map(|(c, _)| c).collect();
         assert_eq!(order, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn unwound_markers_close_the_innermost_calls() {
+        use crate::format::UNWOUND_FUNC as U;
+        use EventKind::*;
+        let t = Thread {
+            tid: 1,
+            // 0 { 1 { 2 { -- longjmp/exception back into 0 -- } } 3 {} }
+            events: vec![ev(Entry, 0, 0), ev(Entry, 1, 10), ev(Entry, 2, 20), ev(Exit, U, 30), ev(Exit, U, 30), ev(Entry, 3, 40), ev(Exit, 3, 45), ev(Exit, U, 50), ev(Exit, U, 60)],
+            ..Default::default()
+        };
+        let tree = CallTree::build(&t, true);
+        assert_eq!(tree.roots, vec![Node::Call(0)]);
+        assert_eq!(tree.calls[0].children, vec![Node::Call(1), Node::Call(3)], "3 is 0's child, not nested in the unwound 1 and 2");
+        assert_eq!(tree.calls[1].children, vec![Node::Call(2)]);
+        assert_eq!((tree.calls[2].end, tree.calls[1].end), (End::Unwound(30), End::Unwound(30)));
+        assert_eq!((tree.calls[3].end, tree.calls[3].depth), (End::Returned(45), 1));
+        assert_eq!(tree.calls[0].end, End::Unwound(50));
+        assert_eq!(tree.unmatched_exits, 1, "a marker with nothing open");
     }
 
     #[test]

@@ -82,6 +82,12 @@ const EXT_MASK: u64 = 0x3f;
 const FUNC_SHIFT: u32 = 2;
 /// Largest function id an ENTRY/EXIT can carry (30 bits).
 pub const MAX_FUNC_ID: u32 = (1 << 30) - 1;
+/// An EXIT with this function id (the largest, never given to a function)
+/// says that the thread's innermost open call was left without returning
+/// (`longjmp`, an exception or a panic unwinding it) by the time of the
+/// event: the recorder learns it at the thread's next traced entry or
+/// return (fgraph drops such frames) and writes one per call left.
+pub const UNWOUND_FUNC: u32 = MAX_FUNC_ID;
 const DELTA_SHIFT: u32 = 32;
 /// Largest delta an ENTRY/EXIT can carry; larger gaps need a TIME event first.
 pub const MAX_DELTA: u64 = u32::MAX as u64;
@@ -222,6 +228,13 @@ impl Event {
     #[inline(always)]
     pub const fn exit(func: u32, delta: u32) -> u64 {
         KIND_EXIT | (((func & MAX_FUNC_ID) as u64) << FUNC_SHIFT) | ((delta as u64) << DELTA_SHIFT)
+    }
+
+    /// The EXIT word that closes the innermost open call as unwound
+    /// ([`UNWOUND_FUNC`]).
+    #[inline(always)]
+    pub const fn unwound(delta: u32) -> u64 {
+        Event::exit(UNWOUND_FUNC, delta)
     }
 
     /// The two words of an EXTENDED TIME event.

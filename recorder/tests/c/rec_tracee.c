@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +82,19 @@ static int patched(const void *fn)
 #endif
 }
 
+static jmp_buf rec_jb;
+static long n_jump;
+
+/* Recurses n levels, then longjmps out of all of them. */
+__attribute__((noinline)) void rec_jump(long n)
+{
+    __atomic_add_fetch(&n_jump, 1, __ATOMIC_RELAXED);
+    if (n == 0)
+        longjmp(rec_jb, 1);
+    rec_jump(n - 1);
+    __asm__ volatile("" ::: "memory"); /* not a tail call */
+}
+
 static void counts(void)
 {
     printf("rec_fib %ld\nrec_leaf %ld\nrec_worker %ld\nrec_spin %ld\nrec_quick %ld\nrec_slow %ld\n"
@@ -101,6 +115,18 @@ int main(int argc, char **argv)
         for (int i = 0; i < 4; i++)
             pthread_join(t[i], NULL);
         counts();
+        return 0;
+    }
+    if (!strcmp(mode, "longjmp")) {
+        /* Three times: 4 nested rec_jump calls left by longjmp, then a
+         * rec_leaf call from main. */
+        for (long i = 0; i < 3; i++) {
+            if (!setjmp(rec_jb))
+                rec_jump(3);
+            rec_leaf(i);
+        }
+        counts();
+        printf("rec_jump %ld\n", n_jump);
         return 0;
     }
     if (!strcmp(mode, "loop")) {
