@@ -86,8 +86,9 @@
 //!
 //! Not covered: `pthread_cancel`/`pthread_exit` (glibc reaches
 //! `_Unwind_ForcedUnwind` through `dlsym`, not a GOT), modules linked
-//! statically with the unwinder, and `dlopen`ed modules that throw before
-//! the module watcher hooked them.
+//! statically with the unwinder, `dlopen`ed modules that throw before the
+//! module watcher hooked them, and frames on stacks other than the
+//! thread's and its alternate signal stack (`makecontext` coroutines).
 //!
 //! [`fgraph::stale_frames`]: crate::fgraph::stale_frames
 
