@@ -967,6 +967,7 @@ impl GraphEnt {
     /// The calling thread's task variable of `user` (the user whose
     /// callback got this record), as [`Fgraph::with_task_var`] but without
     /// a thread-local lookup: the record knows its thread.
+    #[inline]
     pub fn task_var(&self, user: &Fgraph) -> Option<&Cell<u64>> {
         // SAFETY: `shadow` is the calling thread's block, which lives until
         // the thread is gone; the record is not Send (raw pointer) and lives
@@ -1047,6 +1048,7 @@ impl GraphRet {
 
 impl GraphRet {
     /// As [`GraphEnt::task_var`].
+    #[inline]
     pub fn task_var(&self, user: &Fgraph) -> Option<&Cell<u64>> {
         // SAFETY: as in GraphEnt::task_var.
         user.task_var_in(unsafe { &*self.shadow })
