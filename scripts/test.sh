@@ -26,6 +26,14 @@ done
 command -v aarch64-linux-gnu-g++ >/dev/null || need_pkgs+=(g++-aarch64-linux-gnu)
 command -v g++ >/dev/null || need_pkgs+=(g++)
 command -v objdump >/dev/null || need_pkgs+=(binutils)
+# The tools the comparison tests run beside ftramp on the host (they skip
+# with a message when one is missing; here CI gets them all): clang-14 with
+# its XRay runtime (clang-built sites, XRay baselines) and uftrace.
+if [[ "$(uname -m)" == x86_64 ]]; then
+    command -v clang-14 >/dev/null || need_pkgs+=(clang-14)
+    dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need_pkgs+=(libclang-rt-14-dev)
+    command -v uftrace >/dev/null || need_pkgs+=(uftrace)
+fi
 command -v cc >/dev/null || need_pkgs+=(gcc)
 if ((${#need_pkgs[@]})); then
     log "installing ${need_pkgs[*]}"
