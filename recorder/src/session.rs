@@ -612,7 +612,11 @@ fn finish(ending: Ending, tries: u32) -> bool {
     // Events the buffers could not take, and calls left untraced because
     // a shadow stack was full (their entries and exits are lost too).
     let (dropped, missed) = (pool::lost_total(), fgraph::misses());
-    let lost = dropped + 2 * missed;
+    // And calls made while this thread was inside fgraph or the recorder
+    // (a signal handler interrupting a callback): fgraph's recursion guard
+    // leaves them untraced.
+    let nested = fgraph::recursion_misses();
+    let lost = dropped + 2 * missed + 2 * nested;
     let info = INFO_FD.load(Relaxed);
     if let Ending::Exec = ending {
         // SAFETY: fstat fills the struct we own.
@@ -644,6 +648,14 @@ fn finish(ending: Ending, tries: u32) -> bool {
             m,
             "ftramp record: pid {pid}: {missed} calls not recorded (nested deeper than the {} frames a shadow stack holds)",
             SHADOW_STACK_WORDS / 5
+        );
+        pool::write_all(2, m.bytes());
+    }
+    if nested > 0 && !matches!(ending, Ending::Exec) {
+        let mut m = StackBuf::new();
+        let _ = writeln!(
+            m,
+            "ftramp record: pid {pid}: {nested} calls not recorded (made by signal handlers that interrupted the recorder)"
         );
         pool::write_all(2, m.bytes());
     }

@@ -261,6 +261,42 @@ fn threads_exact_counts() {
     assert_eq!(p.threads.iter().filter(|t| t.exited).count(), 4);
 }
 
+/// Signal handlers calling traced functions while the program (and now
+/// and then the recorder) is inside traced calls: their calls nest in the
+/// trace, and the ones fgraph's recursion guard had to leave untraced are
+/// counted and reported, never silently missing.
+#[test]
+fn signal_handlers_calling_traced_functions_are_recorded_or_reported() {
+    let b = built();
+    let dir = trace_dir("signals", "function_graph");
+    let out = record(&dir, &b.tracee, &["signals"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = &counters(&out.stdout)[0];
+    assert!(want["rec_signal"] > 0, "the timer fired");
+    let t = open(&dir);
+    let p = &t.processes[0];
+    let deepest = check_nesting(p);
+    assert!(deepest > 18, "handlers' calls nest on top of rec_fib's");
+    let got = per_function(p);
+    assert_eq!(count(&got, "rec_fib"), (want["rec_fib"], want["rec_fib"]), "rec_fib runs outside any handler: all recorded");
+    // The handler (traced too) and the function it calls.
+    let (leaf_in, leaf_out) = count(&got, "rec_leaf");
+    let (handler_in, handler_out) = count(&got, "rec_on_signal");
+    assert_eq!((leaf_in, handler_in), (leaf_out, handler_out));
+    assert!(handler_in > 0, "some handler calls were recorded");
+    let missing = (want["rec_leaf"] - leaf_in) + (want["rec_signal"] - handler_in);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if missing == 0 {
+        assert!(!stderr.contains("calls not recorded (made by signal handlers"), "{stderr}");
+    } else {
+        assert!(
+            stderr.contains(&format!("{missing} calls not recorded (made by signal handlers")),
+            "{missing} calls missing but not reported as such:\n{stderr}"
+        );
+        assert_eq!(p.lost, 2 * missing, ".info's lost counts their entries and exits");
+    }
+}
+
 /// Calls left by longjmp are closed as unwound before the next event, so
 /// what follows nests where it ran (not inside the calls that were left).
 #[test]

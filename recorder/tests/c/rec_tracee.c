@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -95,6 +96,16 @@ __attribute__((noinline)) void rec_jump(long n)
     __asm__ volatile("" ::: "memory"); /* not a tail call */
 }
 
+static long n_signal;
+
+/* SIGPROF handler: a traced call on top of whatever was interrupted. */
+static void rec_on_signal(int sig)
+{
+    (void)sig;
+    n_signal++;
+    rec_leaf(sig);
+}
+
 static void counts(void)
 {
     printf("rec_fib %ld\nrec_leaf %ld\nrec_worker %ld\nrec_spin %ld\nrec_quick %ld\nrec_slow %ld\n"
@@ -116,6 +127,26 @@ int main(int argc, char **argv)
             pthread_join(t[i], NULL);
         counts();
         return 0;
+    }
+    if (!strcmp(mode, "signals")) {
+        /* A profiling timer whose handler calls a traced function while
+         * main is inside traced functions (and, now and then, inside the
+         * recorder's callbacks). */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = rec_on_signal;
+        sa.sa_flags = SA_RESTART;
+        sigaction(SIGPROF, &sa, NULL);
+        struct itimerval it = { { 0, 50 }, { 0, 50 } };
+        setitimer(ITIMER_PROF, &it, NULL);
+        long s = 0;
+        for (int i = 0; i < 40; i++)
+            s += rec_fib(18);
+        struct itimerval off = { { 0, 0 }, { 0, 0 } };
+        setitimer(ITIMER_PROF, &off, NULL);
+        counts();
+        printf("rec_signal %ld\n", n_signal);
+        return s == 0;
     }
     if (!strcmp(mode, "longjmp")) {
         /* Three times: 4 nested rec_jump calls left by longjmp, then a
