@@ -681,6 +681,38 @@ impl Shadow {
         }
     }
 
+    /// The current return callback's user's data blocks in the frame
+    /// returned from, innermost (last reserved) first: (word index, bytes).
+    fn ret_blocks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let (base, mut h) = self.ret_frame();
+        let user = self.cur_user.get();
+        std::iter::from_fn(move || {
+            while h > base {
+                let w = self.get(h - 1);
+                if word::kind(w) != word::TYPE_DATA {
+                    return None;
+                }
+                let start = h - 1 - word::data_words(word::off(w));
+                h = start;
+                if word::user(w) == user {
+                    return Some((start, word::off(w)));
+                }
+            }
+            None
+        })
+    }
+
+    /// A data block's bytes.  Callers hand out each block only for the
+    /// callback it belongs to (one borrow at a time).
+    #[allow(clippy::mut_from_ref)]
+    fn block(&self, (at, size): (usize, usize)) -> &mut [u8] {
+        debug_assert!(at + word::data_words(size) <= self.len.get());
+        // SAFETY: the block lies in this thread's stack below `top`; a
+        // block is popped only after the callbacks its frame serves, and
+        // its bytes are reached only through this one borrow at a time.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(at) as *mut u8, size) }
+    }
+
     fn pop(&self, fb: usize) {
         self.top.set(fb);
         self.depth.set(self.depth.get() - 1);
@@ -796,17 +828,13 @@ impl crate::unwind::Frames for ShadowFrames<'_> {
 /// calls go untraced meanwhile).  `None` when the thread has no shadow
 /// stack or is inside fgraph.
 pub(crate) fn with_thread_frames<R>(f: impl FnOnce(&dyn crate::unwind::Frames, usize) -> R) -> Option<R> {
-    SHADOW
-        .try_with(|sh| {
-            if sh.stack.get().is_null() || sh.busy.replace(true) {
-                return None;
-            }
-            let r = f(&ShadowFrames(sh), RETURN_TO_HANDLER.load(Relaxed));
-            sh.busy.set(false);
-            Some(r)
-        })
-        .ok()
-        .flatten()
+    let sh = shadow();
+    if sh.stack.get().is_null() || sh.busy.replace(true) {
+        return None;
+    }
+    let r = f(&ShadowFrames(sh), RETURN_TO_HANDLER.load(Relaxed));
+    sh.busy.set(false);
+    Some(r)
 }
 
 /// Releases the thread's shadow stack when the thread exits (a separate
@@ -815,27 +843,13 @@ struct Unmapper;
 
 impl Drop for Unmapper {
     fn drop(&mut self) {
-        let _ = SHADOW.try_with(Shadow::release);
+        shadow().release();
     }
 }
 
 thread_local! {
     static UNMAP: Unmapper = const { Unmapper };
 }
-
-/// This thread's [`Shadow`] (in the runtime's one thread-local block).
-struct ShadowKey;
-
-impl ShadowKey {
-    /// Never fails: the block has no destructor (kept for the shape of the
-    /// callers, which date from a destructor-carrying thread-local).
-    #[inline(always)]
-    fn try_with<R>(&self, f: impl FnOnce(&Shadow) -> R) -> Result<R, std::convert::Infallible> {
-        Ok(f(shadow()))
-    }
-}
-
-static SHADOW: ShadowKey = ShadowKey;
 
 /// This thread's [`Shadow`], as a plain reference so that the hot paths
 /// inline into the trampolines' callees.
@@ -984,31 +998,26 @@ impl GraphEnt {
         if size == 0 || size > DATA_MAX {
             return None;
         }
-        SHADOW
-            .try_with(|sh| {
-                if !sh.busy.get() || sh.stack.get().is_null() {
-                    return None;
-                }
-                let at = sh.top.get();
-                let words = word::data_words(size);
-                // Room for the block, its header and the FRAME header.
-                if at + words + 2 > sh.len.get() {
-                    return None;
-                }
-                for i in 0..words {
-                    sh.set(at + i, 0);
-                }
-                sh.set(at + words, word::data(size, sh.cur_user.get()));
-                sh.top.set(at + words + 1);
-                // SAFETY: `words*8 >= size` bytes of this thread's stack,
-                // reserved above for this call and not handed out twice;
-                // they live until the frame is popped, after the return
-                // callbacks.  The borrow is tied to `self`, which lives only
-                // during the entry callback.
-                Some(unsafe { std::slice::from_raw_parts_mut(sh.ptr(at) as *mut u8, size) })
-            })
-            .ok()
-            .flatten()
+        let sh = shadow();
+        if !sh.busy.get() || sh.stack.get().is_null() {
+            return None;
+        }
+        let at = sh.top.get();
+        let words = word::data_words(size);
+        // Room for the block, its header and the FRAME header.
+        if at + words + 2 > sh.len.get() {
+            return None;
+        }
+        for i in 0..words {
+            sh.set(at + i, 0);
+        }
+        sh.set(at + words, word::data(size, sh.cur_user.get()));
+        sh.top.set(at + words + 1);
+        // Reserved above for this call and never handed out twice; it lives
+        // until the frame is popped, after the return callbacks, and the
+        // borrow is tied to `self`, which lives only during the entry
+        // callback.
+        Some(sh.block((at, size)))
     }
 }
 
@@ -1017,32 +1026,9 @@ impl GraphRet {
     /// Only valid inside a return callback.
     #[allow(clippy::mut_from_ref)]
     pub fn retrieve_data(&self) -> Option<&mut [u8]> {
-        SHADOW
-            .try_with(|sh| {
-                let (base, head) = sh.ret_frame();
-                let user = sh.cur_user.get();
-                let mut h = head;
-                let mut found = None;
-                // Walk the DATA headers down; the lowest block of the user
-                // is its first reservation.
-                while h > base {
-                    let w = sh.get(h - 1);
-                    if word::kind(w) != word::TYPE_DATA {
-                        break;
-                    }
-                    let start = h - 1 - word::data_words(word::off(w));
-                    if word::user(w) == user {
-                        found = Some((start, word::off(w)));
-                    }
-                    h = start;
-                }
-                // SAFETY: the block lies in this thread's stack, in the frame
-                // being returned from, which is popped only after the
-                // return callbacks; the borrow lives as long as `self`.
-                found.map(|(at, size)| unsafe { std::slice::from_raw_parts_mut(sh.ptr(at) as *mut u8, size) })
-            })
-            .ok()
-            .flatten()
+        // The lowest block of the user is its first reservation.
+        let sh = shadow();
+        sh.ret_blocks().last().map(|b| sh.block(b))
     }
 }
 
@@ -1059,44 +1045,24 @@ impl GraphRet {
     pub fn for_each_data(&self, mut f: impl FnMut(&mut [u8])) {
         // Small: the array is initialised on every return.
         const MAX: usize = 4;
+        let sh = shadow();
         let mut blocks = [(0usize, 0usize); MAX];
         let mut n = 0;
-        let complete = Some(shadow())
-            .map(|sh| {
-                let (base, head) = sh.ret_frame();
-                let user = sh.cur_user.get();
-                let mut h = head;
-                while h > base {
-                    let w = sh.get(h - 1);
-                    if word::kind(w) != word::TYPE_DATA {
-                        break;
-                    }
-                    let start = h - 1 - word::data_words(word::off(w));
-                    if word::user(w) == user {
-                        if n == MAX {
-                            return false;
-                        }
-                        blocks[n] = (start, word::off(w));
-                        n += 1;
-                    }
-                    h = start;
+        for b in sh.ret_blocks() {
+            if n == MAX {
+                // More blocks than fit the array: one by one (rare).
+                let mut i = 0;
+                while let Some(b) = self.retrieve_data_nth(i) {
+                    f(b);
+                    i += 1;
                 }
-                for &(at, size) in blocks[..n].iter().rev() {
-                    // SAFETY: as in `retrieve_data`: a block of the frame
-                    // being returned from, popped only after the return
-                    // callbacks; the borrow ends with the call.
-                    f(unsafe { std::slice::from_raw_parts_mut(sh.ptr(at) as *mut u8, size) });
-                }
-                true
-            })
-            .unwrap_or(true);
-        if !complete {
-            // More blocks than fit the array: one by one (rare).
-            let mut i = 0;
-            while let Some(b) = self.retrieve_data_nth(i) {
-                f(b);
-                i += 1;
+                return;
             }
+            blocks[n] = b;
+            n += 1;
+        }
+        for &b in blocks[..n].iter().rev() {
+            f(sh.block(b));
         }
     }
 }
@@ -1107,42 +1073,11 @@ impl GraphRet {
     /// inside a return callback.
     #[allow(clippy::mut_from_ref)]
     pub fn retrieve_data_nth(&self, n: usize) -> Option<&mut [u8]> {
-        SHADOW
-            .try_with(|sh| {
-                let (base, head) = sh.ret_frame();
-                let user = sh.cur_user.get();
-                // Walk the DATA headers down twice (no allocation): count
-                // this user's blocks, then pick the n-th from the bottom.
-                let walk = |f: &mut dyn FnMut(usize, usize, usize)| {
-                    let mut h = head;
-                    while h > base {
-                        let w = sh.get(h - 1);
-                        if word::kind(w) != word::TYPE_DATA {
-                            break;
-                        }
-                        let start = h - 1 - word::data_words(word::off(w));
-                        f(word::user(w), start, word::off(w));
-                        h = start;
-                    }
-                };
-                let mut count = 0;
-                walk(&mut |u, _, _| count += usize::from(u == user));
-                let want = count.checked_sub(n + 1)?;
-                let (mut seen, mut found) = (0, None);
-                walk(&mut |u, at, size| {
-                    if u == user {
-                        if seen == want {
-                            found = Some((at, size));
-                        }
-                        seen += 1;
-                    }
-                });
-                // SAFETY: as in `retrieve_data`: a block of the frame being
-                // returned from, popped only after the return callbacks.
-                found.map(|(at, size)| unsafe { std::slice::from_raw_parts_mut(sh.ptr(at) as *mut u8, size) })
-            })
-            .ok()
-            .flatten()
+        // Two walks (no allocation): count the user's blocks, then pick the
+        // n-th from the bottom.
+        let sh = shadow();
+        let from_top = sh.ret_blocks().count().checked_sub(n + 1)?;
+        sh.ret_blocks().nth(from_top).map(|b| sh.block(b))
     }
 }
 
@@ -1205,12 +1140,12 @@ fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> Option<usize> {
 
 /// This thread's shadow-stack depth (frames pushed and not yet popped).
 pub fn depth() -> usize {
-    SHADOW.try_with(|sh| sh.depth.get()).unwrap_or(0)
+    shadow().depth.get()
 }
 
 /// Calls this thread left untraced because its shadow stack was full.
 pub fn thread_misses() -> u64 {
-    SHADOW.try_with(|sh| sh.misses.get()).unwrap_or(0)
+    shadow().misses.get()
 }
 
 /// For unwinders: the real return address behind `ret` for the traced
@@ -1222,11 +1157,8 @@ pub fn ret_addr(ret: usize, entry_sp: usize) -> usize {
     if ret == 0 || ret != RETURN_TO_HANDLER.load(Relaxed) {
         return ret;
     }
-    SHADOW
-        .try_with(|sh| sh.frames().find(|(fb, _)| sh.get(fb + word::SP) as usize == entry_sp).map(|(fb, _)| sh.get(fb + word::RET) as usize))
-        .ok()
-        .flatten()
-        .unwrap_or(ret)
+    let sh = shadow();
+    sh.frames().find(|(fb, _)| sh.get(fb + word::SP) as usize == entry_sp).map(|(fb, _)| sh.get(fb + word::RET) as usize).unwrap_or(ret)
 }
 
 /// For backtraces walking outwards: the real return address of the
@@ -1236,11 +1168,12 @@ pub fn ret_addr_nth(idx: &mut usize, ret: usize) -> usize {
     if ret == 0 || ret != RETURN_TO_HANDLER.load(Relaxed) {
         return ret;
     }
-    match SHADOW.try_with(|sh| sh.frames().nth(*idx).map(|(fb, _)| sh.get(fb + word::RET) as usize)) {
-        Ok(Some(r)) => {
+    let sh = shadow();
+    match sh.frames().nth(*idx).map(|(fb, _)| sh.get(fb + word::RET) as usize) {
+        Some(r) => {
             *idx += 1;
             r
         }
-        _ => ret,
+        None => ret,
     }
 }
