@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use ftramp_trace::format::record_env as env;
-use ftramp_trace::format::{parse_duration_ns, parse_size};
+use ftramp_trace::format::{parse_duration_ns, parse_size, toml_str};
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::os::unix::process::ExitStatusExt;
@@ -138,21 +138,6 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
 }
 
-fn toml_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 || c == '\x7f' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
 
 fn toml_list(items: &[String]) -> String {
     format!(

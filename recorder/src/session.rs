@@ -11,7 +11,7 @@ use ftramp_runtime::fgraph::{self, Fgraph};
 use ftramp_runtime::ftrace::ftrace;
 use ftramp_runtime::ops::{Filter, Ops, OpsFlags};
 use ftramp_runtime::sites::{self, Discovery, Module, Site};
-use ftramp_trace::format::{task_file_name, SymLine};
+use ftramp_trace::format::{task_file_name, toml_str, SymLine};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -231,23 +231,6 @@ fn append_info(s: &str) {
     pool::write_all(INFO_FD.load(Relaxed), s.as_bytes());
 }
 
-/// A TOML basic string.
-fn toml_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 || c == '\x7f' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
 
 /// TOML integers are i64: larger values are written as strings.
 fn toml_u64(v: u64) -> String {

@@ -748,3 +748,32 @@ mod tests {
         assert_eq!(parse_task_file_name("info"), None);
     }
 }
+
+/// `s` as a TOML basic string (quoted, with `"`, `\` and control characters
+/// escaped): how the recorder and `ftramp record` write text into `info`
+/// and `.info` files.
+pub fn toml_str(s: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\x7f' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod toml_str_tests {
+    #[test]
+    fn quotes_backslashes_and_control_characters_are_escaped() {
+        assert_eq!(super::toml_str("a \"b\" c\\d\n\x7f é"), "\"a \\\"b\\\" c\\\\d\\u000a\\u007f é\"");
+    }
+}
