@@ -13,8 +13,7 @@ use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::fprobe::{self, EntryAction, Fprobe};
 use ftramp_runtime::ops::Filter;
 use ftramp_runtime::FtraceRegs;
-use ftrace_ops::bench::{build_xray, per_call_ir, xray_ns};
-use std::path::Path;
+use ftrace_ops::bench::{build_xray, per_call_ir, xray_ns, xray_source};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -143,7 +142,7 @@ pub fn run(calls: u64, callgrind: bool) {
             .flatten();
         table.push(Row { name: name.to_string(), ns, ir });
     }
-    if let Some(x) = build_xray(&Path::new(env!("CARGO_MANIFEST_DIR")).join("xray").join("xray_bench.cpp")) {
+    if let Some(x) = build_xray(&xray_source()) {
         for (name, traced) in [("XRay untraced", false), ("XRay no-op handler (entry+exit)", true)] {
             let ns = (0..5).filter_map(|_| xray_ns(&x, calls, traced)).fold(f64::INFINITY, f64::min);
             let ir = callgrind

@@ -50,6 +50,13 @@ pub fn per_call_ir(exe: &Path, args: impl Fn(u64) -> Vec<String>) -> Option<f64>
     Some((b as f64 - a as f64) / (n2 - n1) as f64)
 }
 
+/// The XRay side of the benchmarks (an empty function called in a loop,
+/// with a no-op handler at entry and exit), shared by ftrace_ops and
+/// fgraph_multi.
+pub fn xray_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("xray").join("xray_bench.cpp")
+}
+
 /// Builds an XRay benchmark program from `src` with clang++-14; None (with
 /// the reason printed) when clang or its XRay runtime is missing.
 pub fn build_xray(src: &Path) -> Option<PathBuf> {
@@ -92,7 +99,7 @@ pub fn run(calls: u64, callgrind: bool) {
         let ir = callgrind.then(|| per_call_ir(&exe, |n| cfg.args(n))).flatten();
         table.push((name.to_string(), ns, ir));
     }
-    if let Some(x) = build_xray(&Path::new(env!("CARGO_MANIFEST_DIR")).join("xray").join("xray_bench.cpp")) {
+    if let Some(x) = build_xray(&xray_source()) {
         for (name, traced) in [("XRay untraced", false), ("XRay no-op handler (entry+exit)", true)] {
             let ns = (0..5).filter_map(|_| xray_ns(&x, calls, traced)).fold(f64::INFINITY, f64::min);
             let ir = callgrind

@@ -1,5 +1,5 @@
 /* The same tracee under LLVM XRay with a no-op handler, for side-by-side
- * figures (built by the ftrace_ops benchmark with clang-14):
+ * figures (built by the ftrace_ops and fgraph_multi benchmarks with clang-14):
  *
  *   clang++-14 -O2 -fxray-instrument -fxray-instruction-threshold=1 xray_bench.cpp
  *   ./a.out N traced   ->  "ns_per_call <x>"
