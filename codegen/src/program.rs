@@ -525,39 +525,20 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
     s.push(Step::AddImm { dst: arg[0], src: site_ret, imm: spec.raw.site.ip_offset, note: Note::Text("ip = site address") });
     s.push(Step::Load { reg: arg[1], base: sp, off: at(SlotKind::ReturnAddress), note: Note::Text("parent_ip") });
     s.push(Step::AddImm { dst: arg[3], src: sp, imm: base, note: Note::Text("fregs") });
-    // Callbacks get an ABI-aligned stack even when the traced function was
-    // entered on a misaligned one (`trampoline.realign_sp`); nothing below
-    // addresses the frame through sp between the two steps.
-    let realign = spec.raw.trampoline.realign_sp;
-    let align = |s: &mut Vec<Step>| {
-        if realign {
-            s.push(Step::AlignSp { scratch: t });
-        }
-    };
-    let unalign = |s: &mut Vec<Step>| {
-        if realign {
-            s.push(Step::RestoreSp);
-        }
-    };
     match dispatch {
         Dispatch::List => {
             s.push(Step::LoadData { dst: arg[2], word: DataWord::FunctionTraceOp });
-            align(&mut s);
-            s.push(Step::CallData { word: DataWord::ListFunc, scratch: t });
-            unalign(&mut s);
+            push_call(spec, &mut s, t, [Step::CallData { word: DataWord::ListFunc, scratch: t }]);
         }
         Dispatch::Direct => {
             s.push(Step::LoadData { dst: arg[2], word: DataWord::TracerOp(0) });
-            align(&mut s);
-            s.push(Step::CallData { word: DataWord::TracerFunc(0), scratch: t });
-            unalign(&mut s);
+            push_call(spec, &mut s, t, [Step::CallData { word: DataWord::TracerFunc(0), scratch: t }]);
         }
         Dispatch::Callsite => {
-            align(&mut s);
-            s.push(Step::Load { reg: arg[2], base: arg[0], off: spec.raw.site.callsite_ops_offset, note: Note::Text("op = word before the function") });
-            s.push(Step::Load { reg: t, base: arg[2], off: 0, note: Note::Text("op->func") });
-            s.push(Step::CallReg { target: t });
-            unalign(&mut s);
+            // `t` is the target here: the realignment (which uses it) comes first.
+            let op = Step::Load { reg: arg[2], base: arg[0], off: spec.raw.site.callsite_ops_offset, note: Note::Text("op = word before the function") };
+            let func = Step::Load { reg: t, base: arg[2], off: 0, note: Note::Text("op->func") };
+            push_call(spec, &mut s, t, [op, func, Step::CallReg { target: t }]);
         }
         Dispatch::Multi(n) => {
             // The arguments are caller-saved: keep ip and parent_ip for the
@@ -573,9 +554,7 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
                     s.push(Step::AddImm { dst: arg[3], src: sp, imm: base, note: Note::Text("fregs") });
                 }
                 s.push(Step::LoadData { dst: arg[2], word: DataWord::TracerOp(i) });
-                align(&mut s);
-                s.push(Step::CallData { word: DataWord::TracerFunc(i), scratch: t });
-                unalign(&mut s);
+                push_call(spec, &mut s, t, [Step::CallData { word: DataWord::TracerFunc(i), scratch: t }]);
             }
         }
     }
@@ -640,6 +619,22 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
     s
 }
 
+/// Appends `call` (steps that end in a call into the runtime), with sp
+/// aligned to the ABI around them where the spec asks
+/// (`trampoline.realign_sp`: the traced function may have been entered on
+/// a misaligned stack).  `scratch` keeps the old sp for a moment, and
+/// nothing in `call` may address the frame through sp.
+fn push_call(spec: &Spec, s: &mut Vec<Step>, scratch: Reg, call: impl IntoIterator<Item = Step>) {
+    let realign = spec.raw.trampoline.realign_sp;
+    if realign {
+        s.push(Step::AlignSp { scratch });
+    }
+    s.extend(call);
+    if realign {
+        s.push(Step::RestoreSp);
+    }
+}
+
 /// Copies the traced function's return address and the address after the
 /// site into `fregs.return_address` / `fregs.ip`; returns the register that
 /// holds the address after the site.
@@ -689,13 +684,7 @@ fn return_steps(spec: &Spec, layout: &FrameLayout) -> Vec<Step> {
     s.push(Step::AddImm { dst: t, src: sp, imm: frame, note: Note::Text("sp after the return") });
     s.push(Step::Store { reg: t, base: sp, off: at(SlotKind::Sp), note: note(SlotKind::Sp) });
     s.push(Step::AddImm { dst: arg0, src: sp, imm: base, note: Note::Text("fregs") });
-    if spec.raw.trampoline.realign_sp {
-        s.push(Step::AlignSp { scratch: t });
-    }
-    s.push(Step::CallData { word: DataWord::ReturnHandler, scratch: t });
-    if spec.raw.trampoline.realign_sp {
-        s.push(Step::RestoreSp);
-    }
+    push_call(spec, &mut s, t, [Step::CallData { word: DataWord::ReturnHandler, scratch: t }]);
     s.push(Step::AddImm { dst: spec.return_via, src: spec.int_ret[0], imm: 0, note: Note::Text("the real return address") });
     for r in saved.iter().rev() {
         if *r == spec.fp {
