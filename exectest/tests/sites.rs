@@ -428,9 +428,9 @@ fn optimize_nops_while_threads_run_the_sites() {
         .map(|i| {
             let stop = stop.clone();
             std::thread::spawn(move || {
+                type F = extern "C" fn(i64) -> i64;
                 // SAFETY: both take and return a long; the library stays
                 // open until the threads are joined.
-                type F = extern "C" fn(i64) -> i64;
                 let (t, o) = unsafe { (std::mem::transmute::<usize, F>(tracee), std::mem::transmute::<usize, F>(other)) };
                 let mut calls = 0u64;
                 while !stop.load(SeqCst) {

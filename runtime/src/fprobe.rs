@@ -188,6 +188,7 @@ struct Tables {
 // SAFETY: the raw pointers are only addresses of fprobes kept alive by the
 // registry (an Arc each) until a grace period after they leave the tables.
 unsafe impl Send for Tables {}
+// SAFETY: as above; the tables are never written once published.
 unsafe impl Sync for Tables {}
 
 static TABLES: AtomicPtr<Tables> = AtomicPtr::new(std::ptr::null_mut());
