@@ -131,6 +131,22 @@ fn toggles() -> usize {
 /// trampoline `toggles()` times.  On x86_64 gcc's site is five 1-byte
 /// NOPs, so every enable goes through the breakpoint and an evacuation;
 /// on aarch64 every enable writes `mov x9, x30` then `bl`.
+/// Four threads calling `tracee_two` until `stop`, each result checked;
+/// their calls are added to `calls`.
+fn spawn_callers<'scope>(s: &'scope std::thread::Scope<'scope, '_>, stop: &'scope AtomicBool, calls: &'scope AtomicUsize) {
+    for t in 0..4i64 {
+        s.spawn(move || {
+            let mut n = 0i64;
+            while !stop.load(SeqCst) {
+                let a = n % 1000;
+                assert_eq!(tracee_two(a, t), a * 1000 + t, "thread {t}, call {n}");
+                n += 1;
+            }
+            calls.fetch_add(n as usize, SeqCst);
+        });
+    }
+}
+
 #[test]
 fn toggling_a_site_while_four_threads_call_it() {
     let _g = lock();
@@ -144,20 +160,7 @@ fn toggling_a_site_while_four_threads_call_it() {
     let before = Patcher::stats();
     let mut signalled = 0;
     std::thread::scope(|s| {
-        for t in 0..4i64 {
-            let (stop, calls) = (&stop, &calls);
-            s.spawn(move || {
-                let mut n = 0i64;
-                while !stop.load(SeqCst) {
-                    let a = n % 1000;
-                    // SAFETY: a C function of tests/c/tracee.c.
-                    let r = tracee_two(a, t);
-                    assert_eq!(r, a * 1000 + t, "thread {t}, call {n}");
-                    n += 1;
-                }
-                calls.fetch_add(n as usize, SeqCst);
-            });
-        }
+        spawn_callers(s, &stop, &calls);
         for _ in 0..toggles() {
             let r = Patcher::apply(&[SiteChange::new(site, nops.clone(), on.clone())]).unwrap();
             assert_eq!((r.patched, r.refused_count()), (1, 0));
@@ -199,20 +202,7 @@ fn retargeting_a_site_while_four_threads_call_it() {
     let stop = AtomicBool::new(false);
     let calls = AtomicUsize::new(0);
     std::thread::scope(|s| {
-        for t in 0..4i64 {
-            let (stop, calls) = (&stop, &calls);
-            s.spawn(move || {
-                let mut n = 0i64;
-                while !stop.load(SeqCst) {
-                    let a = n % 1000;
-                    // SAFETY: a C function of tests/c/tracee.c.
-                    let r = tracee_two(a, t);
-                    assert_eq!(r, a * 1000 + t, "thread {t}, call {n}");
-                    n += 1;
-                }
-                calls.fetch_add(n as usize, SeqCst);
-            });
-        }
+        spawn_callers(s, &stop, &calls);
         for _ in 0..toggles() {
             let r = Patcher::apply(&[SiteChange::new(site, to_a.clone(), to_b.clone())]).unwrap();
             assert_eq!((r.patched, r.threads_signalled), (1, 0), "a single-instruction change needs no evacuation");
