@@ -26,7 +26,6 @@ fn tracee() -> &'static Path {
                 "-O2",
                 "-fno-inline",
                 "-fno-optimize-sibling-calls",
-                "-fno-ipa-stack-alignment",
             ])
             .args(flags.split_whitespace())
             .arg("-o")
