@@ -13,7 +13,7 @@
 
 use crate::arch::{self, Arch, Fixup};
 use crate::frame::FrameLayout;
-use crate::program::{self, CodegenError, DataWord, Step, Variant};
+use crate::program::{self, CodegenError, DataWord, SiteEntry, Step, Variant};
 use crate::spec::Spec;
 
 /// Trampolines start at this alignment.
@@ -24,9 +24,12 @@ pub const TRAMPOLINE_ALIGN: usize = 16;
 pub struct Trampoline {
     pub variant: Variant,
     pub symbol: &'static str,
-    /// Offset in the image's code.
+    /// Offset in the image's code where its code starts.
     pub offset: usize,
     pub len: usize,
+    /// Offset of its symbol: `offset`, except for a stub-entry
+    /// `return_to_handler`, whose `ftrace_call_through` prefix comes first.
+    pub entry: usize,
     /// Each step with the code offset (image-relative) where it starts.
     pub steps: Vec<(usize, Step)>,
 }
@@ -41,6 +44,8 @@ pub struct Image {
     pub trampolines: Vec<Trampoline>,
     /// The data words, 8 bytes each, in this order.
     pub data: Vec<DataWord>,
+    /// How sites enter its entry trampolines.
+    pub site_entry: SiteEntry,
 }
 
 impl Image {
@@ -50,8 +55,22 @@ impl Image {
         Self::generate_with(backend, spec, variants)
     }
 
+    /// As [`Image::generate`], for sites that enter as `entry`
+    /// ([`SiteEntry::Stub`] needs a spec with `site.stub`).
+    pub fn generate_for(spec: &Spec, variants: &[Variant], entry: SiteEntry) -> Result<Image, CodegenError> {
+        let backend = arch::lookup(&spec.name)?;
+        Self::generate_with_entry(backend, spec, variants, entry)
+    }
+
     /// As [`Image::generate`], with an explicit backend.
     pub fn generate_with(backend: &dyn Arch, spec: &Spec, variants: &[Variant]) -> Result<Image, CodegenError> {
+        Self::generate_with_entry(backend, spec, variants, SiteEntry::Call)
+    }
+
+    fn generate_with_entry(backend: &dyn Arch, spec: &Spec, variants: &[Variant], entry: SiteEntry) -> Result<Image, CodegenError> {
+        if entry == SiteEntry::Stub && !spec.raw.site.stub {
+            return Err(CodegenError::Unsupported { arch: backend.name(), what: "stub entry (the spec does not set site.stub)".into() });
+        }
         for v in variants {
             if let Variant::Entry { dispatch: program::Dispatch::Multi(n), .. } = *v {
                 if !(1..=Variant::MULTI_MAX).contains(&n) {
@@ -71,20 +90,30 @@ impl Image {
             let start = code.len();
             let mut e = backend.emitter(spec);
             let mut placed = Vec::new();
-            for step in program::steps(spec, &layout, variant) {
+            let mut symbol_at = start;
+            for step in program::steps_for(spec, &layout, variant, entry) {
                 placed.push((start + e.pos(), step.clone()));
                 lower(e.as_mut(), spec, &step)?;
+                if matches!(step, Step::CallThrough { .. }) {
+                    symbol_at = start + e.pos();
+                }
             }
             let (bytes, fx) = e.finish()?;
             fixups.extend(fx.into_iter().map(|f| Fixup { at: f.at + start, ..f }));
             code.extend_from_slice(&bytes);
-            trampolines.push(Trampoline { variant, symbol: variant.symbol(), offset: start, len: bytes.len(), steps: placed });
+            trampolines.push(Trampoline { variant, symbol: variant.symbol(), offset: start, len: bytes.len(), entry: symbol_at, steps: placed });
         }
         let mut data: Vec<DataWord> = DataWord::ALL.into_iter().filter(|w| fixups.iter().any(|f| f.word == *w)).collect();
         if variants.iter().any(|v| matches!(v, Variant::Entry { dispatch: program::Dispatch::List, .. })) && !data.contains(&DataWord::FunctionTraceOp) {
             data.insert(0, DataWord::FunctionTraceOp);
         }
-        Ok(Image { arch: backend.name(), layout, code, fixups, trampolines, data })
+        Ok(Image { arch: backend.name(), layout, code, fixups, trampolines, data, site_entry: entry })
+    }
+
+    /// Offset of `ftrace_call_through` (the prefix of a stub-entry
+    /// `return_to_handler`), if the image has one.
+    pub fn call_through(&self) -> Option<usize> {
+        self.trampoline(Variant::Return).filter(|t| t.entry != t.offset).map(|t| t.offset)
     }
 
     /// Offset of `word` in the data area.
@@ -126,6 +155,9 @@ fn lower(e: &mut dyn arch::Emitter, spec: &Spec, step: &Step) -> Result<(), Code
         Step::CallReg { target } => e.call_reg(*target),
         Step::JumpReg { target } => e.jump_reg(*target),
         Step::Return => e.ret(),
+        Step::GraphCallCheck { scratch, ip, parent } => e.graph_call_check(*scratch, *ip, *parent),
+        Step::PopJump { scratch } => e.pop_jump(*scratch),
+        Step::CallThrough { scratch } => e.call_through(*scratch),
         Step::AlignSp { scratch } => e.align_sp(*scratch, spec.stack_alignment),
         Step::RestoreSp => e.restore_sp(),
         Step::SaveFlags { off, scratch } => e.save_flags(*off, *scratch),

@@ -64,8 +64,8 @@ pub fn write(spec: &Spec, image: &Image, opts: &ObjectOptions) -> Result<Vec<u8>
     for t in &image.trampolines {
         obj.add_symbol(Symbol {
             name: format!("{}{}", opts.prefix, t.symbol).into_bytes(),
-            value: t.offset as u64,
-            size: t.len as u64,
+            value: t.entry as u64,
+            size: (t.offset + t.len - t.entry) as u64,
             kind: SymbolKind::Text,
             scope: SymbolScope::Linkage,
             weak: false,

@@ -27,6 +27,29 @@
 //! Exit trampoline (`return_to_handler`): save the return registers, call
 //! `ftrace_return_to_handler(fregs)`, restore them and jump to the address it
 //! returned.
+//!
+//! # Stub entry (x86_64 JIT sites)
+//!
+//! A site's `call` pushes the address after the site on the CPU's return
+//! stack predictor too.  Resuming with `ret` pops it correctly, but then a
+//! hijacked return (fgraph) is always mispredicted: the predictor expects
+//! the caller, the return goes to `return_to_handler` — about 11 ns per
+//! call on the machines we measured, more than the rest of fgraph's exit.
+//! With [`SiteEntry::Stub`] (spec `site.stub`) the site `jmp`s to a per-site
+//! stub that pushes the address after the site itself (`lea`, `push`, `jmp`:
+//! the stack is then exactly as the `call` left it, so the frame is the
+//! same) and the trampoline never returns:
+//!
+//! * not hijacked: `pop` the resume address and `jmp` to it;
+//! * hijacked (the parent slot holds `return_to_handler`, from the data word
+//!   [`DataWord::GraphReturn`]): resume at `ftrace_call_through`, a prefix
+//!   of the `return_to_handler` trampoline that drops the slot and `call`s
+//!   the resume address, so the `call` pushes `return_to_handler` into the
+//!   same slot *and* on the predictor: the traced function's `ret` and the
+//!   final jump back to the caller are both predicted.
+//!
+//! Nothing is left on the predictor's stack: it stays in step with the
+//! program's calls.  Objects keep the `call` form (their ABI, DESIGN §2).
 
 use crate::frame::{FrameLayout, Tier};
 use crate::spec::{Location, Reg, RegClass, SlotKind, Spec};
@@ -53,6 +76,17 @@ pub enum Dispatch {
     /// `return_address`) is seen by the tracers after it and takes effect
     /// when the trampoline returns.
     Multi(u8),
+}
+
+/// How a patch site enters the entry trampolines (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum SiteEntry {
+    /// The site calls the trampoline (`call`, `bl`, `brasl`): the object ABI.
+    #[default]
+    Call,
+    /// The site jumps to a per-site stub that pushes the address after the
+    /// site and jumps to the trampoline (specs with `site.stub`).
+    Stub,
 }
 
 /// One trampoline kind the generator makes.
@@ -188,6 +222,11 @@ pub enum DataWord {
     /// `ftrace_direct_func_1`, …  Index 0 is also spelled
     /// [`DataWord::DirectFunc`].
     TracerFunc(u8),
+    /// Stub entry: the address fgraph writes into hijacked return slots
+    /// (its `return_to_handler`), 0 for none.
+    GraphReturn,
+    /// Stub entry: that `return_to_handler`'s `ftrace_call_through` prefix.
+    GraphCall,
 }
 
 /// Symbols of the indexed words, by index.
@@ -224,8 +263,8 @@ impl DataWord {
     /// Every word, in data-area order: an image lays out the words its code
     /// uses in this order (the direct words right after the runtime ones,
     /// then the further tracers' pairs).
-    pub const ALL: [DataWord; 3 + 2 * Variant::MULTI_MAX as usize] = {
-        let mut all = [DataWord::FunctionTraceOp; 3 + 2 * Variant::MULTI_MAX as usize];
+    pub const ALL: [DataWord; 5 + 2 * Variant::MULTI_MAX as usize] = {
+        let mut all = [DataWord::FunctionTraceOp; 5 + 2 * Variant::MULTI_MAX as usize];
         all[1] = DataWord::ListFunc;
         all[2] = DataWord::ReturnHandler;
         let mut i = 0;
@@ -234,6 +273,8 @@ impl DataWord {
             all[4 + 2 * i as usize] = DataWord::TracerFunc(i);
             i += 1;
         }
+        all[3 + 2 * Variant::MULTI_MAX as usize] = DataWord::GraphReturn;
+        all[4 + 2 * Variant::MULTI_MAX as usize] = DataWord::GraphCall;
         all
     };
 
@@ -245,6 +286,8 @@ impl DataWord {
             DataWord::ReturnHandler => "ftrace_return_to_handler_ptr",
             DataWord::TracerOp(i) => TRACER_OP_SYMBOLS.get(i as usize).copied().unwrap_or("ftrace_direct_op_invalid"),
             DataWord::TracerFunc(i) => TRACER_FUNC_SYMBOLS.get(i as usize).copied().unwrap_or("ftrace_direct_func_invalid"),
+            DataWord::GraphReturn => "return_to_handler_ptr",
+            DataWord::GraphCall => "ftrace_call_through_ptr",
         }
     }
 
@@ -290,6 +333,18 @@ pub enum Step {
     JumpReg { target: Reg },
     /// Return through the stack (x86 `ret`).
     Return,
+    /// Stub entry, before the registers are restored: if the parent slot
+    /// `[sp + parent]` holds `*`[`DataWord::GraphReturn`], move the resume
+    /// address from `[sp + ip]` into it and put `*`[`DataWord::GraphCall`]
+    /// at `[sp + ip]` (so the resume goes through `ftrace_call_through`).
+    /// Clobbers `scratch` and the flags.
+    GraphCallCheck { scratch: Reg, ip: i32, parent: i32 },
+    /// Stub entry's resume: pop the resume address into `scratch`, jump to it.
+    PopJump { scratch: Reg },
+    /// `ftrace_call_through`: pop the resume address into `scratch` and call
+    /// it; the call's return address is the next instruction,
+    /// `return_to_handler`.
+    CallThrough { scratch: Reg },
     /// Save sp through `scratch` and align it to the ABI's stack alignment
     /// (specs with `trampoline.realign_sp`); [`Step::RestoreSp`] after the
     /// call undoes it.
@@ -330,11 +385,19 @@ pub enum CodegenError {
     UnknownVariant(String, String),
 }
 
-/// Builds the steps of one trampoline.
+/// Builds the steps of one trampoline entered from `call` sites.
 pub fn steps(spec: &Spec, layout: &FrameLayout, variant: Variant) -> Vec<Step> {
+    steps_for(spec, layout, variant, SiteEntry::Call)
+}
+
+/// Builds the steps of one trampoline for sites that enter as `entry`
+/// ([`SiteEntry::Stub`] only where the spec sets `site.stub`).  A stub-entry
+/// `return_to_handler` starts with the [`Step::CallThrough`] prefix.
+pub fn steps_for(spec: &Spec, layout: &FrameLayout, variant: Variant, entry: SiteEntry) -> Vec<Step> {
+    let stub = entry == SiteEntry::Stub;
     let steps = match variant {
-        Variant::Entry { tier, dispatch } => entry_steps(spec, layout, tier, dispatch),
-        Variant::Return => return_steps(spec, layout),
+        Variant::Entry { tier, dispatch } => entry_steps(spec, layout, tier, dispatch, stub),
+        Variant::Return => return_steps(spec, layout, stub),
     };
     let steps = if spec.raw.trampoline.multiple { group_runs(spec, steps) } else { steps };
     if spec.raw.trampoline.pairs {
@@ -473,7 +536,7 @@ pub fn frame_size(layout: &FrameLayout, variant: Variant) -> u32 {
 /// See [`frame_size`]: a multiple of every spec's stack alignment (≤ 16).
 const MULTI_SAVE_AREA: u32 = 16;
 
-fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch) -> Vec<Step> {
+fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch, stub: bool) -> Vec<Step> {
     let sp = spec.sp;
     let t = spec.scratch[0];
     let frame = frame_size(layout, Variant::Entry { tier, dispatch }) as i32;
@@ -570,23 +633,31 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
             }
         }
     };
-    match spec.site_return {
-        Location::Stack(_) if aliased => {
-            restore(&mut s);
-            s.push(Step::AdjustSp { delta: frame });
-            s.push(Step::Return);
+    // Stub entry: choose between a plain resume and the call through
+    // return_to_handler (module docs), then resume without `ret`.
+    let finish = |s: &mut Vec<Step>, n: u32, p: u32| {
+        if stub {
+            s.push(Step::GraphCallCheck { scratch: t, ip: entry + n as i32, parent: entry + p as i32 });
         }
+        restore(s);
+        s.push(Step::AdjustSp { delta: frame });
+        s.push(if stub { Step::PopJump { scratch: t } } else { Step::Return });
+    };
+    let parent_slot = || match spec.parent {
+        Location::Stack(p) => p,
+        Location::Reg(_) => unreachable!("checked by spec"),
+    };
+    match spec.site_return {
+        Location::Stack(n) if aliased => finish(&mut s, n, parent_slot()),
         Location::Stack(n) => {
             // Return address slots first (through the scratch register),
             // then the registers, so a restored scratch stays restored.
             s.push(Step::Load { reg: t, base: sp, off: at(SlotKind::Ip), note: note(SlotKind::Ip) });
             s.push(Step::Store { reg: t, base: sp, off: entry + n as i32, note: Note::Text("resume at ip") });
             s.push(Step::Load { reg: t, base: sp, off: at(SlotKind::ReturnAddress), note: note(SlotKind::ReturnAddress) });
-            let Location::Stack(p) = spec.parent else { unreachable!("checked by spec") };
+            let p = parent_slot();
             s.push(Step::Store { reg: t, base: sp, off: entry + p as i32, note: Note::Text("traced function returns here") });
-            restore(&mut s);
-            s.push(Step::AdjustSp { delta: frame });
-            s.push(Step::Return);
+            finish(&mut s, n, p);
         }
         Location::Reg(_) => {
             restore(&mut s);
@@ -666,7 +737,7 @@ fn copy_specials(spec: &Spec, s: &mut Vec<Step>, t: Reg, entry: i32, at: &dyn Fn
     site_ret
 }
 
-fn return_steps(spec: &Spec, layout: &FrameLayout) -> Vec<Step> {
+fn return_steps(spec: &Spec, layout: &FrameLayout, stub: bool) -> Vec<Step> {
     let sp = spec.sp;
     let frame = layout.frame_size(Tier::Args) as i32;
     let base = layout.fregs_base() as i32;
@@ -676,7 +747,11 @@ fn return_steps(spec: &Spec, layout: &FrameLayout) -> Vec<Step> {
     // leaves its own TOC in it.
     let saved: Vec<Reg> = spec.int_ret.iter().chain(&spec.fp_ret).copied().chain([spec.fp]).chain(spec.toc).collect();
     let arg0 = spec.int_args[0];
-    let mut s = vec![Step::AdjustSp { delta: -frame }];
+    let mut s = Vec::new();
+    if stub {
+        s.push(Step::CallThrough { scratch: spec.return_via });
+    }
+    s.push(Step::AdjustSp { delta: -frame });
     for r in &saved {
         s.push(Step::Store { reg: *r, base: sp, off: at(SlotKind::Reg(*r)), note: note(SlotKind::Reg(*r)) });
     }
@@ -723,6 +798,14 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
         Step::CallReg { target } => format!("call_reg  {}", r(target)),
         Step::JumpReg { target } => format!("jump_reg  {}", r(target)),
         Step::Return => "return".to_string(),
+        Step::GraphCallCheck { scratch, ip, parent } => format!(
+            "graph_call_check via {}: if {} == return_to_handler_ptr, resume through ftrace_call_through_ptr (ip {} moves to the parent slot)",
+            r(scratch),
+            mem(&spec.sp, parent),
+            mem(&spec.sp, ip)
+        ),
+        Step::PopJump { scratch } => format!("pop_jump  {}  ; resume (no `ret`: the site did not `call`)", r(scratch)),
+        Step::CallThrough { scratch } => format!("call_through {}  ; ftrace_call_through: pop the resume address, call it; returns to the next step", r(scratch)),
         Step::AlignSp { scratch } => format!("align_sp  {} (old sp via {})", spec.stack_alignment, r(scratch)),
         Step::RestoreSp => "restore_sp".to_string(),
         Step::StorePair { a, b, base, off, notes } => {

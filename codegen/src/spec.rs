@@ -181,6 +181,14 @@ pub struct RawSite {
     pub callsite_ops_offset: i32,
     pub callsite_flags: String,
     pub flags: String,
+    /// The runtime's JIT sites jump (no return-stack entry) to a per-site
+    /// stub that pushes the address after the site and jumps to the entry
+    /// trampoline, which resumes with a jump and enters a hijacked function
+    /// through a `call` placed just before `return_to_handler`
+    /// ([`crate::program::SiteEntry::Stub`]).  Only with
+    /// `site_return = "stack"`; default off.
+    #[serde(default)]
+    pub stub: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -536,6 +544,9 @@ impl Checker<'_> {
                     return Err(self.err("site.resume_return_address", "needed (or abi.link_register) when the site return address is in a register"));
                 }
             }
+        }
+        if s.stub && site_return != Location::Stack(0) {
+            return Err(self.err("site.stub", "needs site_return = \"stack\" (the stub pushes the address after the site)"));
         }
         if s.ip_offset >= 0 || s.ip_offset.unsigned_abs() as usize > 64 {
             return Err(self.err("site.ip_offset", format!("{} is not a small negative offset", s.ip_offset)));

@@ -8,7 +8,8 @@
 //! * `reloc.rs` — how a data-word reference is resolved: in place for JIT
 //!   code ([`Arch::apply_fixup`]) and as ELF relocations for objects
 //!   ([`Arch::elf_relocs`]);
-//! * `site.rs`  — the patch site's enabled form ([`Arch::site_call`]).
+//! * `site.rs`  — the patch site's enabled form ([`Arch::site_call`]; with
+//!   stub entry [`Arch::site_jump`] and the per-site [`Arch::site_stub`]).
 //!
 //! Everything else — which registers to save, offsets, the order of
 //! operations — is computed by shared code (`program.rs`, `frame.rs`) from the
@@ -144,6 +145,19 @@ pub trait Emitter {
     fn restore_sp(&mut self) -> Result<(), CodegenError> {
         Err(CodegenError::Unsupported { arch: "generic", what: "trampoline.realign_sp (stack realignment)".into() })
     }
+    /// Stub entry ([`crate::program::Step::GraphCallCheck`]): only arches
+    /// whose spec sets `site.stub`.
+    fn graph_call_check(&mut self, _scratch: Reg, _ip: i32, _parent: i32) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "site.stub (stub entry)".into() })
+    }
+    /// Stub entry: pop the resume address into `scratch` and jump to it.
+    fn pop_jump(&mut self, _scratch: Reg) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "site.stub (stub entry)".into() })
+    }
+    /// Stub entry: `ftrace_call_through` (pop the resume address, call it).
+    fn call_through(&mut self, _scratch: Reg) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "site.stub (stub entry)".into() })
+    }
     /// Bytes emitted so far.
     fn pos(&self) -> usize;
     /// The code and its data-word references.
@@ -166,7 +180,21 @@ pub trait Arch: Sync {
     fn elf_abs64(&self) -> object::elf::RelocationType;
     /// The enabled form of a patch site at `site` calling `target`.
     fn site_call(&self, site: u64, target: u64) -> Result<Vec<u8>, CodegenError>;
+    /// Stub entry (spec `site.stub`): the site at `site` jumping to its stub
+    /// at `stub`.
+    fn site_jump(&self, _site: u64, _stub: u64) -> Result<Vec<u8>, CodegenError> {
+        Err(CodegenError::Unsupported { arch: self.name(), what: "site.stub (stub entry)".into() })
+    }
+    /// Stub entry: the stub placed at `at` for the site at `site`, entering
+    /// the trampoline `target` with the address after the site pushed.
+    /// At most [`STUB_LEN`] bytes.
+    fn site_stub(&self, _at: u64, _site: u64, _target: u64) -> Result<Vec<u8>, CodegenError> {
+        Err(CodegenError::Unsupported { arch: self.name(), what: "site.stub (stub entry)".into() })
+    }
 }
+
+/// Bytes reserved per site stub ([`Arch::site_stub`]).
+pub const STUB_LEN: usize = 16;
 
 /// Every arch this build knows, compiled in or not.
 pub const KNOWN: &[&str] = &["x86_64", "aarch64", "riscv64", "ppc64le", "s390x"];

@@ -9,7 +9,7 @@ use crate::arch::{check_signed, Emitter, Fixup, FixupKind};
 use crate::program::{CodegenError, DataWord};
 use crate::spec::{Reg, RegClass};
 use dynasmrt::x64::X64Relocation;
-use dynasmrt::{dynasm, DynasmApi, VecAssembler};
+use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi, VecAssembler};
 
 pub struct X64Emitter {
     ops: VecAssembler<X64Relocation>,
@@ -120,6 +120,32 @@ impl Emitter for X64Emitter {
 
     fn ret(&mut self) -> Result<(), CodegenError> {
         dynasm!(self.ops ; .arch x64 ; ret);
+        Ok(())
+    }
+
+    fn graph_call_check(&mut self, scratch: Reg, ip: i32, parent: i32) -> Result<(), CodegenError> {
+        let (ip, parent) = (Self::disp(ip)?, Self::disp(parent)?);
+        let t = scratch.enc;
+        dynasm!(self.ops ; .arch x64 ; mov Rq(t), QWORD [rsp + parent] ; cmp Rq(t), QWORD [rip + 0x7fff_ffff]);
+        self.fixup_last(DataWord::GraphReturn);
+        dynasm!(self.ops ; .arch x64
+            ; jne BYTE >plain
+            ; mov Rq(t), QWORD [rsp + ip]
+            ; mov QWORD [rsp + parent], Rq(t)
+            ; mov Rq(t), QWORD [rip + 0x7fff_ffff]
+        );
+        self.fixup_last(DataWord::GraphCall);
+        dynasm!(self.ops ; .arch x64 ; mov QWORD [rsp + ip], Rq(t) ; plain:);
+        Ok(())
+    }
+
+    fn pop_jump(&mut self, scratch: Reg) -> Result<(), CodegenError> {
+        dynasm!(self.ops ; .arch x64 ; pop Rq(scratch.enc) ; jmp Rq(scratch.enc));
+        Ok(())
+    }
+
+    fn call_through(&mut self, scratch: Reg) -> Result<(), CodegenError> {
+        dynasm!(self.ops ; .arch x64 ; pop Rq(scratch.enc) ; call Rq(scratch.enc));
         Ok(())
     }
 

@@ -36,4 +36,10 @@ impl Arch for X86_64 {
     fn site_call(&self, site: u64, target: u64) -> Result<Vec<u8>, CodegenError> {
         site::call(site, target)
     }
+    fn site_jump(&self, site: u64, stub: u64) -> Result<Vec<u8>, CodegenError> {
+        site::jump(site, stub)
+    }
+    fn site_stub(&self, at: u64, site: u64, target: u64) -> Result<Vec<u8>, CodegenError> {
+        site::stub(at, site, target)
+    }
 }
