@@ -3,11 +3,14 @@
 //! Each test patches the site of a C tracee (built with the arch's
 //! patchable-entry flags) to call a generated trampoline and checks what
 //! the tracer sees and what the caller gets back.  Runs natively on x86_64
-//! and, cross-built, under qemu-user for the other arches.
+//! and, cross-built, under qemu-user for the other arches.  Every test runs
+//! with sites that `call` the trampolines (module `call`) and, where the
+//! spec has stub entry (x86_64), with sites that jump to per-site stubs
+//! (module `stub`; codegen `program.rs`, "Stub entry").
 
-use ftramp_codegen::{arch, image::Image, DataWord, Dispatch, Tier, Variant};
+use ftramp_codegen::{arch, image::Image, DataWord, Dispatch, SiteEntry, Tier, Variant};
 use ftramp_exectest::*;
-use ftramp_runtime::{host_spec, patch, FtraceRegs, JitImage};
+use ftramp_runtime::{exec::CodeBlock, host_spec, patch, FtraceRegs, JitImage};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
@@ -51,6 +54,8 @@ static RETURN_TO_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static SET_RET: AtomicI64 = AtomicI64::new(i64::MIN);
 static SET_FP_RET: AtomicU64 = AtomicU64::new(0);
 static LOCK: Mutex<()> = Mutex::new(());
+/// The fixture's site entry is [`SiteEntry::Stub`].
+static STUB_ENTRY: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     static SHADOW: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
@@ -111,8 +116,11 @@ struct Fixture {
     _guard: MutexGuard<'static, ()>,
 }
 
-fn fixture() -> Fixture {
+/// Trampolines for sites that enter as `entry`; [`with_site`] patches the
+/// sites to match (stub entry: a `jmp` to a stub made for the site).
+fn fixture(entry: SiteEntry) -> Fixture {
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    STUB_ENTRY.store(entry == SiteEntry::Stub, SeqCst);
     lock(&SEEN).clear();
     lock(&RETURNS).clear();
     REDIRECT.store(0, SeqCst);
@@ -120,8 +128,15 @@ fn fixture() -> Fixture {
     SET_RET.store(i64::MIN, SeqCst);
     SET_FP_RET.store(0, SeqCst);
     let spec = host_spec();
-    let image = Image::generate(spec, &Variant::ALL).unwrap();
+    let image = Image::generate_for(spec, &Variant::ALL, entry).unwrap();
+    let call_through = image.call_through();
     let jit = JitImage::install(image, Some(addr!(tracee_two)), spec.raw.site.reach).unwrap();
+    if let Some(off) = call_through {
+        // Stub entry: hijacked calls are entered through this image's
+        // ftrace_call_through.
+        assert!(jit.set_word(DataWord::GraphReturn, jit.entry(Variant::Return).unwrap()));
+        assert!(jit.set_word(DataWord::GraphCall, jit.code_addr() + off));
+    }
     let ops = Box::new(TestOps { func: tracer, tag: 0x0f7a_ce0f });
     let opp = &*ops as *const TestOps as usize;
     assert!(jit.set_word(DataWord::FunctionTraceOp, opp));
@@ -146,12 +161,19 @@ fn site_of(f: usize) -> usize {
     panic!("no patch site in the first 64 bytes of {f:#x}: {code:02x?}");
 }
 
-/// Runs `body` with `f`'s site calling `target`; restores the NOPs after.
+/// Runs `body` with `f`'s site calling `target` (stub entry: jumping to a
+/// stub that enters `target`); restores the NOPs after.
 fn with_site<R>(f: usize, target: usize, body: impl FnOnce() -> R) -> R {
     let spec = host_spec();
     let site = site_of(f);
     let nops = patch::read_text(site, spec.site_len);
-    let call = arch::lookup(&spec.name).unwrap().site_call(site as u64, target as u64).unwrap();
+    let backend = arch::lookup(&spec.name).unwrap();
+    let (call, _stub) = if STUB_ENTRY.load(SeqCst) {
+        let stub = CodeBlock::install(site, 1 << 28, arch::STUB_LEN, |at| Ok(backend.site_stub(at as u64, site as u64, target as u64)?)).unwrap();
+        (backend.site_jump(site as u64, stub.range().start as u64).unwrap(), Some(stub))
+    } else {
+        (backend.site_call(site as u64, target as u64).unwrap(), None)
+    };
     assert_eq!(call.len(), spec.site_len);
     patch::replace_text(site, &nops, &call).unwrap();
     let r = body();
@@ -177,9 +199,8 @@ static CALLEE_SAVED0_PATTERN: std::sync::LazyLock<std::collections::HashMap<&'st
 
 const A: [i64; 8] = [1, -2, 3_000_000_000, 4, 5, -6, 7, 8];
 
-#[test]
-fn the_tracer_sees_ip_parent_ops_and_every_argument() {
-    let fx = fixture();
+fn the_tracer_sees_ip_parent_ops_and_every_argument(entry: SiteEntry) {
+    let fx = fixture(entry);
     let spec = host_spec();
     let opp = &*fx.ops as *const TestOps as usize;
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
@@ -209,9 +230,8 @@ fn the_tracer_sees_ip_parent_ops_and_every_argument() {
     }
 }
 
-#[test]
-fn callsite_dispatch_reads_the_ops_word_before_the_function() {
-    let fx = fixture();
+fn callsite_dispatch_reads_the_ops_word_before_the_function(entry: SiteEntry) {
+    let fx = fixture(entry);
     let opp = &*fx.ops as *const TestOps as usize;
     set_callsite_ops(addr!(tracee_callsite), opp);
     for tier in [Tier::Args, Tier::Regs] {
@@ -227,9 +247,8 @@ fn callsite_dispatch_reads_the_ops_word_before_the_function() {
     }
 }
 
-#[test]
-fn callee_saved_registers_and_the_parent_ip_are_right() {
-    let fx = fixture();
+fn callee_saved_registers_and_the_parent_ip_are_right(entry: SiteEntry) {
+    let fx = fixture(entry);
     let opp = &*fx.ops as *const TestOps as usize;
     set_callsite_ops(addr!(tracee_callsite), opp);
     for v in entry_variants() {
@@ -255,9 +274,8 @@ fn callee_saved_registers_and_the_parent_ip_are_right() {
     }
 }
 
-#[test]
-fn callbacks_run_on_an_aligned_stack() {
-    let fx = fixture();
+fn callbacks_run_on_an_aligned_stack(entry: SiteEntry) {
+    let fx = fixture(entry);
     let probe = addr!(arch_sp_probe);
     fx.jit.set_word(DataWord::DirectFunc, probe);
     // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
@@ -282,9 +300,8 @@ fn callbacks_run_on_an_aligned_stack() {
     }
 }
 
-#[test]
-fn setting_the_ip_redirects_the_call() {
-    let fx = fixture();
+fn setting_the_ip_redirects_the_call(entry: SiteEntry) {
+    let fx = fixture(entry);
     REDIRECT.store(addr!(tracee_args_alt), SeqCst);
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
         let got = with_site(addr!(tracee_args), fx.jit.entry(v).unwrap(), || tracee_args(A[0], A[1], A[2], A[3], A[4], A[5], A[6], A[7], 1.5, 2.25));
@@ -293,10 +310,46 @@ fn setting_the_ip_redirects_the_call() {
     }
 }
 
-#[test]
-fn returns_go_through_return_to_handler() {
-    let fx = fixture();
+/// x86_64 stub entry: a probe put in front of `ftrace_call_through` (the
+/// `GraphCall` word) that counts the hijacked calls entered through it,
+/// then goes on to the real one.
+#[cfg(target_arch = "x86_64")]
+fn count_call_throughs(jit: &JitImage) -> CodeBlock {
+    static COUNTER_NEAR: AtomicU64 = AtomicU64::new(0);
+    let real = jit.word(DataWord::GraphCall).unwrap() as u64;
+    let counter = &raw const COUNTER_NEAR as usize;
+    let probe = CodeBlock::install(counter, 1 << 28, 22, |at| {
+        // lock inc qword [rip + counter] ; jmp [rip] ; .quad real
+        let rel = (counter as i64 - (at as i64 + 8)) as i32;
+        let mut c = vec![0xf0, 0x48, 0xff, 0x05];
+        c.extend(rel.to_le_bytes());
+        c.extend([0xff, 0x25, 0, 0, 0, 0]);
+        c.extend(real.to_le_bytes());
+        Ok(c)
+    })
+    .unwrap();
+    COUNTER_NEAR.store(0, SeqCst);
+    assert!(jit.set_word(DataWord::GraphCall, probe.range().start));
+    CALL_THROUGHS.store(&raw const COUNTER_NEAR as usize, SeqCst);
+    probe
+}
+
+/// Where [`count_call_throughs`] counts (0: not counting).
+static CALL_THROUGHS: AtomicUsize = AtomicUsize::new(0);
+
+fn call_throughs() -> Option<u64> {
+    let p = CALL_THROUGHS.load(SeqCst);
+    // SAFETY: a non-zero value is the address of a static AtomicU64.
+    (p != 0).then(|| unsafe { &*(p as *const AtomicU64) }.load(SeqCst))
+}
+
+fn returns_go_through_return_to_handler(entry: SiteEntry) {
+    let fx = fixture(entry);
     HIJACK.store(true, SeqCst);
+    CALL_THROUGHS.store(0, SeqCst);
+    #[cfg(target_arch = "x86_64")]
+    let _probe = (entry == SiteEntry::Stub).then(|| count_call_throughs(&fx.jit));
+    let mut hijacked = 0;
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
         lock(&RETURNS).clear();
         let e = fx.jit.entry(v).unwrap();
@@ -313,13 +366,19 @@ fn returns_go_through_return_to_handler() {
         // SAFETY: the address is a C tracee of (long, long) -> long, as arch_call_checked requires.
         let got = with_site(addr!(tracee_two), e, || unsafe { arch_call_checked(addr!(tracee_two), 5, 6, &mut bad) });
         assert_eq!((got, bad), (5006, 0), "{v}");
+        hijacked += 3;
+        if let Some(n) = call_throughs() {
+            // Stub entry: every hijacked call was entered with a `call`
+            // from ftrace_call_through, not by a jump.
+            assert_eq!(n, hijacked, "{v}: hijacked calls entered through ftrace_call_through");
+        }
     }
+    assert_eq!(call_throughs().is_some(), cfg!(target_arch = "x86_64") && entry == SiteEntry::Stub);
     SHADOW.with(|s| assert!(s.borrow().is_empty()));
 }
 
-#[test]
-fn the_return_handler_can_change_the_return_value() {
-    let fx = fixture();
+fn the_return_handler_can_change_the_return_value(entry: SiteEntry) {
+    let fx = fixture(entry);
     HIJACK.store(true, SeqCst);
     let e = fx.jit.entry(Variant::ALL[0]).unwrap();
     SET_RET.store(-42, SeqCst);
@@ -329,9 +388,8 @@ fn the_return_handler_can_change_the_return_value() {
     assert_eq!(with_site(addr!(tracee_fp), e, || tracee_fp(2.0, 3.0, 0)), 99.5);
 }
 
-#[test]
-fn nested_traced_calls_return_in_order() {
-    let fx = fixture();
+fn nested_traced_calls_return_in_order(entry: SiteEntry) {
+    let fx = fixture(entry);
     HIJACK.store(true, SeqCst);
     for v in [Variant::ALL[0], Variant::ALL[1], Variant::ALL[2]] {
         lock(&SEEN).clear();
@@ -363,7 +421,7 @@ fn s390x_vector_registers_and_the_condition_code_survive() {
         CLOBBERS.fetch_add(1, SeqCst);
         arch_clobber();
     }
-    let fx = fixture();
+    let fx = fixture(SiteEntry::Call);
     let ops = Box::new(TestOps { func: clobbering, tag: 3 });
     assert!(fx.jit.set_word(DataWord::FunctionTraceOp, &*ops as *const TestOps as usize));
     assert!(fx.jit.set_word(DataWord::DirectFunc, addr!(clobbering)));
@@ -403,13 +461,12 @@ unsafe extern "C" fn numbered<const N: usize>(ip: usize, parent: usize, op: *con
 /// (func, op) pair of its words in order, all with the site's ip, the
 /// parent ip and the same fregs; arguments, the result and callee-saved
 /// registers come through as with one tracer.
-#[test]
-fn a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops() {
-    let _fx = fixture();
+fn a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops(entry: SiteEntry) {
+    let _fx = fixture(entry);
     let spec = host_spec();
     let tiers = [Tier::Args, Tier::Regs];
     let variants: Vec<Variant> = tiers.iter().map(|t| Variant::multi(*t, 3).unwrap()).collect();
-    let jit = JitImage::install(Image::generate(spec, &variants).unwrap(), Some(addr!(tracee_two)), spec.raw.site.reach).unwrap();
+    let jit = JitImage::install(Image::generate_for(spec, &variants, entry).unwrap(), Some(addr!(tracee_two)), spec.raw.site.reach).unwrap();
     let funcs: [Func; 3] = [numbered::<1>, numbered::<2>, numbered::<3>];
     let ops: Vec<Box<TestOps>> = funcs.iter().zip(1..).map(|(f, tag)| Box::new(TestOps { func: *f, tag })).collect();
     let opp: Vec<usize> = ops.iter().map(|o| &**o as *const TestOps as usize).collect();
@@ -515,7 +572,13 @@ mod flags {
 
     #[test]
     fn the_regs_tier_restores_and_changes_the_arithmetic_flags() {
-        let fx = fixture();
+        for entry in [SiteEntry::Call, SiteEntry::Stub] {
+            the_regs_tier_restores_and_changes_the_arithmetic_flags_in(entry);
+        }
+    }
+
+    fn the_regs_tier_restores_and_changes_the_arithmetic_flags_in(entry: SiteEntry) {
+        let fx = fixture(entry);
         fx.jit.set_word(DataWord::DirectFunc, addr!(flags_tracer));
         let f = addr!(arch_flags_tracee);
         let v = Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::Direct };
@@ -544,14 +607,13 @@ mod flags {
 /// trampolines realign (`trampoline.realign_sp`), so callbacks and the
 /// return handler still get an ABI-aligned stack.
 #[cfg(target_arch = "x86_64")]
-#[test]
-fn callbacks_get_an_aligned_stack_when_the_traced_function_did_not() {
+fn callbacks_get_an_aligned_stack_when_the_traced_function_did_not(entry: SiteEntry) {
     unsafe extern "C" {
         fn arch_call_misaligned(f: usize, a: i64, b: i64) -> i64;
         fn arch_ret_probe();
         static mut arch_ret_next: usize;
     }
-    let fx = fixture();
+    let fx = fixture(entry);
     let probe = addr!(arch_sp_probe);
     fx.jit.set_word(DataWord::DirectFunc, probe);
     for v in entry_variants().filter(|v| matches!(v, Variant::Entry { dispatch: Dispatch::Direct, .. })) {
@@ -582,4 +644,37 @@ fn callbacks_get_an_aligned_stack_when_the_traced_function_did_not() {
     let (after, sp) = unsafe { (std::ptr::read_volatile(&raw const arch_probe_calls), std::ptr::read_volatile(&raw const arch_probe_sp)) };
     assert_eq!(after, before + 1, "the return probe ran");
     assert_eq!(sp % 16, arch_sp_mod(), "return handler sp {sp:#x} misaligned after a misaligned entry");
+}
+
+/// Each test with `call` sites and, where the spec has them, stub sites.
+macro_rules! in_both_entries {
+    ($($name:ident),* $(,)?) => {
+        mod call {
+            use super::*;
+            $( #[test] fn $name() { super::$name(SiteEntry::Call) } )*
+        }
+        #[cfg(target_arch = "x86_64")]
+        mod stub {
+            use super::*;
+            $( #[test] fn $name() { super::$name(SiteEntry::Stub) } )*
+        }
+    };
+}
+
+in_both_entries!(
+    the_tracer_sees_ip_parent_ops_and_every_argument,
+    callsite_dispatch_reads_the_ops_word_before_the_function,
+    callee_saved_registers_and_the_parent_ip_are_right,
+    callbacks_run_on_an_aligned_stack,
+    setting_the_ip_redirects_the_call,
+    returns_go_through_return_to_handler,
+    the_return_handler_can_change_the_return_value,
+    nested_traced_calls_return_in_order,
+    a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops
+);
+
+#[cfg(target_arch = "x86_64")]
+mod x86_64_only {
+    use super::*;
+    in_both_entries!(callbacks_get_an_aligned_stack_when_the_traced_function_did_not);
 }

@@ -137,7 +137,7 @@ impl JitImage {
 
     /// Address of a trampoline.
     pub fn entry(&self, v: Variant) -> Option<usize> {
-        self.image.trampoline(v).map(|t| self.base + t.offset)
+        self.image.trampoline(v).map(|t| self.base + t.entry)
     }
 
     /// The code pages.
@@ -185,5 +185,52 @@ impl Drop for JitImage {
         // SAFETY: we own the mapping.  Callers must have unpatched every
         // site that calls into it (the runtime's patcher guarantees this).
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.total) };
+    }
+}
+
+/// A block of small generated code pieces (the per-site stubs of stub
+/// entry), mapped like a [`JitImage`]'s code: written while read+write,
+/// then read+execute and flushed before anything jumps to it.  Immutable
+/// afterwards; unmapped when dropped (after a grace period, by the engine).
+pub struct CodeBlock {
+    base: usize,
+    len: usize,
+}
+
+impl CodeBlock {
+    /// Maps `len` bytes within `reach` of `near` and fills them with
+    /// `fill(base)`, the code for that address (at most `len` bytes).
+    pub fn install(near: usize, reach: u64, len: usize, fill: impl FnOnce(usize) -> Result<Vec<u8>, RuntimeError>) -> Result<CodeBlock, RuntimeError> {
+        let len = round_up(len.max(1), page_size());
+        let base = map_near(Some(near), len, reach)?;
+        let block = CodeBlock { base, len };
+        let code = fill(base)?;
+        if code.len() > len {
+            return Err(RuntimeError::BadPatch { addr: base, why: format!("{} bytes of code for a {len}-byte block", code.len()) });
+        }
+        // SAFETY: [base, base+len) is our fresh read+write mapping (owned by
+        // `block`, unmapped by its Drop on every error path below) and
+        // `code.len() <= len`; nothing references it yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), base as *mut u8, code.len());
+            if libc::mprotect(base as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+                return Err(RuntimeError::os("mprotect"));
+            }
+        }
+        cache::flush_icache(base, code.len());
+        Ok(block)
+    }
+
+    /// The mapped range.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.base..self.base + self.len
+    }
+}
+
+impl Drop for CodeBlock {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping; the engine drops a block only after
+        // a grace period shows no thread runs in it and no site jumps to it.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
 }

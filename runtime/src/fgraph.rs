@@ -359,12 +359,24 @@ pub fn stale_frames() -> u64 {
 
 /// The address traced functions return to while hijacked.
 pub fn return_to_handler() -> Result<usize, RuntimeError> {
+    return_image().map(|j| j.entry(Variant::Return).expect("made"))
+}
+
+/// `(return_to_handler, ftrace_call_through)` for the entry trampolines of
+/// stub entry (codegen `program.rs`, "Stub entry"); the second is 0 where
+/// the sites `call` their trampoline.
+pub(crate) fn graph_return_words() -> Result<(usize, usize), RuntimeError> {
+    let j = return_image()?;
+    Ok((j.entry(Variant::Return).expect("made"), j.image().call_through().map_or(0, |o| j.code_addr() + o)))
+}
+
+fn return_image() -> Result<&'static JitImage, RuntimeError> {
     static IMG: OnceLock<Result<JitImage, String>> = OnceLock::new();
     // The image is never freed: a hijacked return may reach it at any time.
     let img = IMG.get_or_init(|| {
         let spec = host_spec();
         let make = || -> Result<JitImage, RuntimeError> {
-            let image = Image::generate(spec, &[Variant::Return])?;
+            let image = Image::generate_for(spec, &[Variant::Return], crate::site_entry())?;
             let jit = JitImage::install(image, None, spec.raw.site.reach)?;
             jit.set_word(DataWord::ReturnHandler, ftrace_return_to_handler as *const () as usize);
             Ok(jit)
@@ -376,7 +388,7 @@ pub fn return_to_handler() -> Result<usize, RuntimeError> {
         r
     });
     match img {
-        Ok(j) => Ok(j.entry(Variant::Return).expect("made")),
+        Ok(j) => Ok(j),
         Err(e) => Err(RuntimeError::BadPatch { addr: 0, why: format!("return_to_handler: {e}") }),
     }
 }

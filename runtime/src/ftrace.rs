@@ -19,6 +19,15 @@
 //! each module's text (within the site's branch reach): one list image per
 //! module, one direct image per (module, ops, tier).
 //!
+//! Stub entry (x86_64, spec `site.stub`): a site does not `call` its
+//! trampoline but `jmp`s to a 16-byte stub of its own that pushes the
+//! address after the site and jumps to the trampoline (codegen
+//! `program.rs`, "Stub entry": fgraph's hijacked returns are then
+//! predicted).  Stubs are made per batch, one block per module, never
+//! rewritten: a site that changes trampoline gets a new stub, and the old
+//! block is freed after a grace period once no site uses it (a grace period
+//! treats stub blocks as trampoline code).
+//!
 //! Order of a change (so no thread ever reaches freed memory):
 //! registering builds images and publishes the new site table *before*
 //! patching sites to them; unregistering patches sites away and publishes
@@ -28,12 +37,13 @@
 //! never answers) are quarantined, never freed under a running thread.
 
 use crate::dispatch::{self, SiteTable};
-use crate::exec::JitImage;
+use crate::exec::{CodeBlock, JitImage};
 use crate::ops::{Ops, OpsFlags};
 use crate::patch::{Patcher, SiteChange};
 use crate::sites::{Discovery, ModuleId, Refused, Site};
 use crate::{grace, host_spec, RuntimeError};
-use ftramp_codegen::{arch, image::Image, DataWord, Dispatch, Tier, Variant};
+use ftramp_codegen::arch::{self, STUB_LEN};
+use ftramp_codegen::{image::Image, DataWord, Dispatch, SiteEntry, Tier, Variant};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -78,7 +88,20 @@ struct SiteState {
     module: ModuleId,
     nop: Vec<u8>,
     current: Target,
+    /// Stub entry: the stub the site jumps to (while `current` is not NOP).
+    stub: Option<SiteStub>,
 }
+
+/// One site's stub ([`arch::Arch::site_stub`]) in a shared block.
+struct SiteStub {
+    block: Arc<CodeBlock>,
+    at: usize,
+}
+
+/// How far from its first site a module's stub block may be placed: the
+/// stubs must reach every site of the module and its trampolines with a
+/// rel32, so well inside ±2 GiB.
+const STUB_REACH: u64 = 1 << 28;
 
 #[derive(Default)]
 struct ModuleImages {
@@ -95,6 +118,9 @@ struct State {
     images: HashMap<ModuleId, ModuleImages>,
     /// Things whose grace period could not be established.
     quarantine: Vec<Box<dyn Send>>,
+    /// Stub blocks holding stubs that sites no longer jump to (freed by the
+    /// next grace period once no site uses the block).
+    dead_stubs: Vec<Arc<CodeBlock>>,
 }
 
 /// The process-wide ftrace.
@@ -331,7 +357,12 @@ impl State {
                 for m in changes.removed {
                     // Unmapped: forget its sites without touching them; its
                     // images may still be running a callback: retire them.
-                    self.sites.retain(|_, s| s.module != m.id);
+                    let gone: Vec<usize> = self.sites.iter().filter(|(_, s)| s.module == m.id).map(|(a, _)| *a).collect();
+                    for a in gone {
+                        if let Some(SiteState { stub: Some(stub), .. }) = self.sites.remove(&a) {
+                            self.quarantine.push(Box::new(stub.block));
+                        }
+                    }
                     if let Some(imgs) = self.images.remove(&m.id) {
                         self.quarantine.push(Box::new(imgs));
                     }
@@ -371,20 +402,29 @@ impl State {
         // A thread is not quiescent while it runs trampoline code (live or
         // being retired) or the first bytes of a thunk, before the thunk
         // has marked it as inside dispatch.
+        // Stub blocks, live or dead, count as trampoline code too.
+        let dead_stubs = std::mem::take(&mut self.dead_stubs);
+        let mut blocks: Vec<Range<usize>> =
+            self.sites.values().filter_map(|s| s.stub.as_ref()).map(|s| s.block.range()).chain(dead_stubs.iter().map(|b| b.range())).collect();
+        blocks.sort_by_key(|r| r.start);
+        blocks.dedup();
         let ranges: Vec<Range<usize>> = self
             .images
             .values()
             .flat_map(|m| m.list.iter().chain(m.direct.values()))
             .map(|i| i.code_range())
             .chain(dead_code)
+            .chain(blocks)
             .chain(dispatch::thunk_prologues())
             .collect();
         if grace::synchronize(&ranges).is_ok() {
             drop(dead);
+            drop(dead_stubs);
             // Anything quarantined earlier is safe now too.
             self.quarantine.clear();
         } else {
             self.quarantine.extend(dead);
+            self.quarantine.extend(dead_stubs.into_iter().map(|b| Box::new(b) as Box<dyn Send>));
         }
     }
 
@@ -392,11 +432,13 @@ impl State {
         let imgs = self.images.entry(module).or_default();
         if imgs.list.is_none() {
             let spec = host_spec();
-            let image = Image::generate(
+            let image = Image::generate_for(
                 spec,
                 &[Variant::Entry { tier: Tier::Args, dispatch: Dispatch::List }, Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::List }, Variant::Return],
+                crate::site_entry(),
             )?;
             let jit = JitImage::install(image, Some(near), spec.raw.site.reach)?;
+            set_graph_words(&jit)?;
             jit.set_word(DataWord::ListFunc, dispatch::list_func as *const () as usize);
             jit.set_word(DataWord::FunctionTraceOp, 0);
             // Its return_to_handler is fgraph's (fgraph itself uses one
@@ -412,8 +454,9 @@ impl State {
         let imgs = self.images.entry(module).or_default();
         if let std::collections::hash_map::Entry::Vacant(slot) = imgs.direct.entry(key) {
             let spec = host_spec();
-            let image = Image::generate(spec, &[Variant::Entry { tier, dispatch: Dispatch::Direct }])?;
+            let image = Image::generate_for(spec, &[Variant::Entry { tier, dispatch: Dispatch::Direct }], crate::site_entry())?;
             let jit = JitImage::install(image, Some(near), spec.raw.site.reach)?;
+            set_graph_words(&jit)?;
             jit.set_word(DataWord::DirectOp, Arc::as_ptr(ops) as usize);
             jit.set_word(DataWord::DirectFunc, ops.entry.load(std::sync::atomic::Ordering::Acquire));
             slot.insert(jit);
@@ -459,28 +502,66 @@ impl State {
             // New table first, so list trampolines find their ops as soon
             // as a site reaches them.
             let old = dispatch::publish(table);
-            let mut changes = Vec::new();
-            for (addr, module, target) in &want {
-                let st = self.sites.entry(*addr).or_insert_with(|| SiteState {
+            for (addr, module, _) in &want {
+                self.sites.entry(*addr).or_insert_with(|| SiteState {
                     module: *module,
                     nop: crate::patch::read_text(*addr, spec.site_len),
                     current: NOP,
+                    stub: None,
                 });
-                if st.current == *target {
-                    continue;
+            }
+            let changed: Vec<(usize, ModuleId, Target)> = want.iter().filter(|(a, _, t)| self.sites[a].current != *t).copied().collect();
+            // Stub entry: a fresh stub per site that gets a trampoline, in
+            // one block per module (stubs are never rewritten in place).
+            let mut stubs: HashMap<usize, SiteStub> = HashMap::new();
+            if crate::site_entry() == SiteEntry::Stub {
+                let mut by_module: HashMap<ModuleId, Vec<(usize, usize)>> = HashMap::new();
+                for (addr, module, target) in &changed {
+                    if target.addr != 0 {
+                        by_module.entry(*module).or_default().push((*addr, target.addr));
+                    }
                 }
-                let bytes = |t: &Target| -> Result<Vec<u8>, RuntimeError> {
-                    Ok(if t.addr == 0 { st.nop.clone() } else { backend.site_call(*addr as u64, t.addr as u64)? })
+                for sites in by_module.values() {
+                    let block = Arc::new(CodeBlock::install(sites[0].0, STUB_REACH, sites.len() * STUB_LEN, |base| {
+                        let mut code = Vec::with_capacity(sites.len() * STUB_LEN);
+                        for (i, (addr, target)) in sites.iter().enumerate() {
+                            code.extend(backend.site_stub((base + i * STUB_LEN) as u64, *addr as u64, *target as u64)?);
+                        }
+                        Ok(code)
+                    })?);
+                    let base = block.range().start;
+                    for (i, (addr, _)) in sites.iter().enumerate() {
+                        stubs.insert(*addr, SiteStub { block: block.clone(), at: base + i * STUB_LEN });
+                    }
+                }
+            }
+            let mut changes = Vec::new();
+            for (addr, _, target) in &changed {
+                let st = &self.sites[addr];
+                let current = match (&st.stub, st.current.addr) {
+                    (_, 0) => st.nop.clone(),
+                    (Some(stub), _) => backend.site_jump(*addr as u64, stub.at as u64)?,
+                    (None, a) => backend.site_call(*addr as u64, a as u64)?,
                 };
-                changes.push(SiteChange::new(*addr, bytes(&st.current)?, bytes(target)?));
+                let new = match (stubs.get(addr), target.addr) {
+                    (_, 0) => st.nop.clone(),
+                    (Some(stub), _) => backend.site_jump(*addr as u64, stub.at as u64)?,
+                    (None, a) => backend.site_call(*addr as u64, a as u64)?,
+                };
+                changes.push(SiteChange::new(*addr, current, new));
             }
             if !changes.is_empty() {
                 let report = Patcher::apply(&changes)?;
                 let refused: std::collections::HashSet<usize> = report.refused.iter().filter_map(refused_addr).collect();
-                for (addr, _, target) in &want {
+                for (addr, _, target) in &changed {
                     if !refused.contains(addr) {
                         if let Some(s) = self.sites.get_mut(addr) {
                             s.current = *target;
+                            // The old stub may still be run by a thread that
+                            // jumped to it: freed after a grace period.
+                            if let Some(old) = std::mem::replace(&mut s.stub, stubs.remove(addr)) {
+                                self.dead_stubs.push(old.block);
+                            }
                         }
                     }
                 }
@@ -490,6 +571,18 @@ impl State {
         self.discovery = Some(d);
         result
     }
+}
+
+/// Stub entry: tells an entry image where fgraph's `return_to_handler` and
+/// its `ftrace_call_through` are, so that hijacked calls are entered with a
+/// `call` (codegen `program.rs`, "Stub entry").  No-op for `call` sites.
+fn set_graph_words(jit: &JitImage) -> Result<(), RuntimeError> {
+    if crate::site_entry() == SiteEntry::Stub {
+        let (ret, call) = crate::fgraph::graph_return_words()?;
+        jit.set_word(DataWord::GraphReturn, ret);
+        jit.set_word(DataWord::GraphCall, call);
+    }
+    Ok(())
 }
 
 fn refused_addr(e: &RuntimeError) -> Option<usize> {

@@ -85,3 +85,15 @@ pub fn host_spec() -> &'static Spec {
     static SPEC: std::sync::OnceLock<Spec> = std::sync::OnceLock::new();
     SPEC.get_or_init(|| Spec::builtin(HOST_ARCH).expect("the host arch has a valid built-in spec"))
 }
+
+/// How the engine's sites enter their trampolines on this host: through a
+/// per-site stub where the spec sets `site.stub` (x86_64: keeps the
+/// return-stack predictor in step, codegen `program.rs` "Stub entry"),
+/// else by the site's own call.
+pub fn site_entry() -> ftramp_codegen::SiteEntry {
+    if host_spec().raw.site.stub {
+        ftramp_codegen::SiteEntry::Stub
+    } else {
+        ftramp_codegen::SiteEntry::Call
+    }
+}
