@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Dispatch, Tier, Variant};
+use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Dispatch, SiteEntry, Tier, Variant};
 use std::io::Write as _;
 use std::path::PathBuf;
 
@@ -96,6 +96,12 @@ enum Cmd {
         /// Show every built-in architecture.
         #[arg(long, conflicts_with = "variant")]
         all: bool,
+        /// Show the trampolines as the runtime uses them on archs whose spec sets
+        /// `site.stub` (x86_64): sites jump to a per-site stub, the entry
+        /// trampolines resume with pop+jmp and `return_to_handler` starts with
+        /// `ftrace_call_through` (see README, "Stub entry").
+        #[arg(long)]
+        stub: bool,
     },
     /// Run a program and record its function calls into a trace directory
     /// (`ftramp record [options] -- PROG ARGS...`; exits with the program's status).
@@ -220,7 +226,7 @@ fn main() -> Result<()> {
                 }
             }
         }
-        Cmd::Asm { arch: a, variant, all } => {
+        Cmd::Asm { arch: a, variant, all, stub } => {
             let specs = if all {
                 arch::all().map(|b| Spec::builtin(b.name())).collect::<Result<Vec<_>, _>>()?
             } else {
@@ -228,7 +234,14 @@ fn main() -> Result<()> {
             };
             for spec in specs {
                 let vs = variants(&variant, &Variant::ALL)?;
-                let image = Image::generate(&spec, &vs)?;
+                let entry = if stub { SiteEntry::Stub } else { SiteEntry::Call };
+                if stub && !spec.raw.site.stub {
+                    if all {
+                        continue;
+                    }
+                    bail!("--stub: the {} spec ({}) has no stub entry (site.stub); only x86_64's has", spec.name, spec.file);
+                }
+                let image = Image::generate_for(&spec, &vs, entry)?;
                 out!("==== {} ({}) ====", spec.name, spec.file);
                 outp!("{}", listing::image(&spec, &image)?);
             }

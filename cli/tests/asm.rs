@@ -1,0 +1,36 @@
+//! `ftramp asm --stub`: the trampolines as the runtime uses them where the
+//! spec has stub entry (x86_64), and a clear refusal elsewhere.
+
+use std::process::Command;
+
+fn ftramp(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ftramp")).args(args).env_remove("RUST_BACKTRACE").env_remove("RUST_LIB_BACKTRACE").output().unwrap()
+}
+
+#[test]
+fn stub_listings_show_the_call_through_and_the_jump_resume() {
+    let out = ftramp(&["asm", "--arch", "x86_64", "-V", "return", "-V", "args-direct", "--stub"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let code: Vec<&str> = text.lines().filter(|l| l.starts_with("   0  ") || l.contains("pop r11") || l.contains("jmp r11") || l.contains("call r11")).collect();
+    // return_to_handler starts with ftrace_call_through: pop the resume address, call it.
+    let ret = text.find("return_to_handler").unwrap();
+    let (pop, call) = (text[ret..].find("41 5b                    pop r11").unwrap(), text[ret..].find("41 ff d3                 call r11").unwrap());
+    assert!(pop < call, "{code:?}");
+    // The entry trampoline resumes with pop + jmp, not ret.
+    let entry = text.find("ftrace_direct_caller").unwrap();
+    let body = &text[entry..];
+    assert!(body.contains("pop r11") && body.contains("jmp r11") && !body.contains(" ret\n"), "{body}");
+    assert!(body.contains("return_to_handler_ptr") && body.contains("ftrace_call_through_ptr"), "{body}");
+    // Without --stub: the object ABI's `ret`.
+    let plain = String::from_utf8(ftramp(&["asm", "--arch", "x86_64", "-V", "args-direct"]).stdout).unwrap();
+    assert!(plain.contains(" ret\n") && !plain.contains("ftrace_call_through_ptr"), "{plain}");
+}
+
+#[test]
+fn stub_listings_are_refused_for_archs_without_stub_entry() {
+    let out = ftramp(&["asm", "--arch", "aarch64", "--stub"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("aarch64") && err.contains("site.stub"), "{err}");
+}
