@@ -117,6 +117,7 @@ fn available(kind: ClockKind) -> bool {
 }
 
 /// `CLOCK_MONOTONIC` in ns.
+#[inline(never)]
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes the timespec we own; async-signal-safe.
@@ -158,11 +159,16 @@ pub fn ticks() -> u64 {
         #[cfg(target_arch = "aarch64")]
         KIND_CNTVCT => raw_cntvct(),
         KIND_MONO => monotonic_ns(),
-        _ => {
-            clock();
-            ticks()
-        }
+        _ => ticks_first(),
     }
+}
+
+/// [`ticks`] before the calibration (out of the hot paths' way).
+#[cold]
+#[inline(never)]
+fn ticks_first() -> u64 {
+    clock();
+    ticks()
 }
 
 /// [`Clock::to_ns`] of the process clock for hot paths: one 64×64
@@ -170,14 +176,40 @@ pub fn ticks() -> u64 {
 /// Call [`clock`] (or [`ticks`]) once before.
 #[inline]
 pub fn ticks_to_ns(ticks: u64) -> u64 {
-    let d = ticks.wrapping_sub(FAST[0].load(Relaxed)) as i64;
-    let (lo, hi) = (FAST[2].load(Relaxed) as u128, FAST[3].load(Relaxed) as u128);
-    let base = FAST[1].load(Relaxed);
-    let scale = |d: u64| ((d as u128 * hi) + ((d as u128 * lo) >> 64)) as u64;
-    if d >= 0 {
-        base.wrapping_add(scale(d as u64))
-    } else {
-        base.saturating_sub(scale(d.unsigned_abs()))
+    Fast::load().to_ns(ticks)
+}
+
+/// [`ticks_to_ns`] of two tick counts (a call's entry and exit) with one
+/// read of the calibration.
+#[inline]
+pub fn ticks_pair_to_ns(a: u64, b: u64) -> (u64, u64) {
+    let f = Fast::load();
+    (f.to_ns(a), f.to_ns(b))
+}
+
+/// A copy of [`FAST`].
+struct Fast {
+    base_ticks: u64,
+    base_ns: u64,
+    lo: u128,
+    hi: u128,
+}
+
+impl Fast {
+    #[inline(always)]
+    fn load() -> Fast {
+        Fast { base_ticks: FAST[0].load(Relaxed), base_ns: FAST[1].load(Relaxed), lo: FAST[2].load(Relaxed) as u128, hi: FAST[3].load(Relaxed) as u128 }
+    }
+
+    #[inline(always)]
+    fn to_ns(&self, ticks: u64) -> u64 {
+        let d = ticks.wrapping_sub(self.base_ticks) as i64;
+        let scale = |d: u64| ((d as u128 * self.hi) + ((d as u128 * self.lo) >> 64)) as u64;
+        if d >= 0 {
+            self.base_ns.wrapping_add(scale(d as u64))
+        } else {
+            self.base_ns.saturating_sub(scale(d.unsigned_abs()))
+        }
     }
 }
 

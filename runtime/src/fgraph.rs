@@ -11,34 +11,42 @@
 //!
 //! # Shadow stack words
 //!
-//! One array of `u64` per thread ([`stack_words`], one page by default),
-//! growing upwards.  A frame:
+//! One array of `u64` per thread ([`stack_words`], one page by default,
+//! plus two sentinel words at the bottom), growing upwards.  A frame:
 //!
 //! ```text
 //!   index          word
-//!   fb + 0        RET       the real return address
-//!   fb + 1        FUNC      the traced function's patch site (GraphEnt::func)
-//!   fb + 2        SP        the traced function's sp at entry (FtraceRegs::stack_pointer)
-//!   fb + 3        CALLTIME  ns, CLOCK_MONOTONIC (0 when every user skips timestamps)
-//!   fb + 4 ...    data blocks, one per reserve_data() call, in call order:
-//!                   [ ceil(bytes/8) data words ][ DATA header ]
-//!   fb + off      FRAME header (top of the frame; `off` = its distance from fb)
-//!   fb + off + 1  next frame / free (`top`)
+//!   fb + 0 ...     data blocks, one per reserve_data() call, in call order:
+//!                    [ DATA header ][ ceil(bytes/8) data words ]
+//!   top - 5        CALLTIME  ticks of clock::ticks() (0 when every user skips timestamps)
+//!   top - 4        FUNC      the traced function's patch site (GraphEnt::func)
+//!   top - 3        RET       the real return address
+//!   top - 2        SP        the traced function's sp at entry (FtraceRegs::stack_pointer)
+//!   top - 1        FRAME header (`off` = its distance from fb)
+//!   top            next frame / free
 //!
 //!   FRAME header                                   DATA header
 //!   63         32 31      16 15  12 11     2 1 0   63    16 15  12 11     2 1 0
 //!  ┌─────────────┬──────────┬──────┬────────┬───┐ ┌────────┬──────┬────────┬───┐
 //!  │ epoch       │ bitmap   │  0   │ off    │ 1 │ │   0    │ user │ bytes  │ 2 │
 //!  └─────────────┴──────────┴──────┴────────┴───┘ └────────┴──────┴────────┴───┘
+//!
+//!   index 0        u64::MAX  sentinel: the SP of "the frame below the first",
+//!   index 1        0         so the hot paths read top - 2 without a test
 //! ```
 //!
 //! *bitmap*: the users (slot indexes) whose `ret` runs at return.
 //! *epoch*: the registration epoch when the frame was pushed; a slot whose
 //! user registered later (a slot reused after an unregister) is skipped at
-//! return, so a new user never sees a frame it did not enter.  Popping reads
-//! the top word, so every frame is found from `top` alone; data blocks are
-//! found by walking the DATA headers down from the FRAME header.  Unlike
-//! Linux, no pointer packing: words are plain `u64`s.
+//! return, so a new user never sees a frame it did not enter.  The fixed
+//! words sit at the top of the frame, so the hot paths reach them from
+//! `top` alone (no decoding).  The entry writes them before its callbacks
+//! at `fb`; each `reserve_data` puts its block where they are and moves
+//! them up past it, and the FRAME header goes above them once the
+//! callbacks are done (and only if a user wants the return).  `top` stays
+//! at `fb` until then, so the frames below stay complete and walkable.  A
+//! return's data blocks are found by walking the DATA headers up from
+//! `fb`.  Unlike Linux, no pointer packing: words are plain `u64`s.
 //!
 //! # Resynchronising (longjmp, exceptions, alternate signal stacks)
 //!
@@ -67,11 +75,13 @@
 //! real return addresses back before the unwinder walks the stack and mark
 //! the thread `SLOW_RESTORED`; its next entry drops the unwound frames and
 //! re-hijacks the survivors (the rule is in that module).  Both marks live
-//! in one byte that the entry tests on its fast path.
+//! in one byte with the busy flag (below), which the entry tests once on
+//! its fast path; everything else (first use, recursion, resync, a full
+//! stack) is in one cold function.
 //!
 //! # Guards and counters
 //!
-//! A per-thread busy flag is the recursion guard: a traced function called
+//! A per-thread busy flag (`BUSY` in the state byte) is the recursion guard: a traced function called
 //! from a callback (or from a signal handler that interrupted fgraph
 //! itself) is not traced and is counted in [`recursion_misses`].  A frame
 //! that does not fit counts a miss ([`misses`], [`thread_misses`]) and the
@@ -119,12 +129,15 @@ mod word {
     pub const BITMAP_BITS: u32 = 16;
     pub const EPOCH_SHIFT: u32 = 32;
 
-    /// Fixed words at the bottom of a frame.
-    pub const RET: usize = 0;
-    pub const FUNC: usize = 1;
+    /// The fixed words, counted down from `top` (see the module docs),
+    /// and how many words a frame takes besides its data blocks.
     pub const SP: usize = 2;
-    pub const CALLTIME: usize = 3;
-    pub const FIXED: usize = 4;
+    pub const RET: usize = 3;
+    pub const FUNC: usize = 4;
+    pub const CALLTIME: usize = 5;
+    pub const FIXED: usize = 5;
+    /// Sentinel words at the bottom of every stack.
+    pub const BASE: usize = 2;
 
     const fn mask(bits: u32) -> u64 {
         (1 << bits) - 1
@@ -157,9 +170,9 @@ mod word {
     }
 }
 
-/// The largest frame: fixed words, one full data block (+ header) per
-/// user, the FRAME header.
-pub const MAX_FRAME_WORDS: usize = word::FIXED + MAX_USERS * (word::data_words(DATA_MAX) + 1) + 1;
+/// The largest frame: fixed words and the FRAME header, one full data
+/// block (+ header) per user.
+pub const MAX_FRAME_WORDS: usize = word::FIXED + MAX_USERS * (word::data_words(DATA_MAX) + 1);
 
 const _: () = {
     assert!(MAX_USERS <= word::BITMAP_BITS as usize);
@@ -329,9 +342,10 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
 
 /// Sets the size (in `u64` words) of shadow stacks created from now on
 /// (threads that already have one keep theirs).  At least
-/// `word::FIXED + 2`; 0 restores the default (one page).
+/// 6 (a frame without data, and one word); 0 restores the default (one
+/// page).
 pub fn set_stack_words(words: usize) {
-    STACK_WORDS.store(if words == 0 { 0 } else { words.max(word::FIXED + 2) }, Relaxed);
+    STACK_WORDS.store(if words == 0 { 0 } else { words.max(word::FIXED + 1) }, Relaxed);
 }
 
 /// The size of shadow stacks created from now on, in words.
@@ -547,48 +561,67 @@ fn refresh_masks() {
 /// is then accessed without a liveness check on every traced call; the
 /// mapping is released by [`Unmapper`] at thread exit.
 pub(crate) struct Shadow {
+    /// The words (null before the thread's first traced call; [`NO_STACK`]
+    /// after its release).
     stack: Cell<*mut u64>,
+    /// Index limit (usable words + [`word::BASE`]); 0 while the thread has
+    /// no stack, so that every room check fails.
     len: Cell<usize>,
+    /// The end of the complete frames.
     top: Cell<usize>,
+    /// While entry callbacks run: where the next data block goes, with the
+    /// fixed words of the frame being built there (`top` stays at the
+    /// frame base meanwhile).
+    cur: Cell<usize>,
     depth: Cell<usize>,
-    busy: Cell<bool>,
+    /// [`BUSY`] | [`SLOW_RESTORED`] | [`SLOW_ALT`]: 0 almost always.
+    state: Cell<u8>,
     misses: Cell<u64>,
-    /// While an entry callback runs: its user, and the frame base.
+    /// While a callback runs: its user's slot.
     cur_user: Cell<usize>,
-    /// While entry callbacks run: the base of the frame being built (the
-    /// end of the complete frames); `usize::MAX` otherwise.
-    building: Cell<usize>,
     /// Per-user task variables (`fgraph_get_task_var`), and the epoch of
     /// the user each belongs to (a new user of the slot starts from 0).
     task_vars: [Cell<u64>; MAX_USERS],
     task_epochs: [Cell<u32>; MAX_USERS],
-    /// Slow-path marks, 0 almost always: [`SLOW_RESTORED`], [`SLOW_ALT`].
-    slow: Cell<u8>,
     /// The alternate signal stack `[lo, hi)` while [`SLOW_ALT`] is set.
     alt: Cell<(usize, usize)>,
 }
 
+/// fgraph is running on this thread (push, pop or a callback): the
+/// recursion guard.
+const BUSY: u8 = 1;
 /// The unwinder hooks restored real return addresses on this thread
 /// (`unwind.rs`): the next entry re-hijacks the frames that survived.
-const SLOW_RESTORED: u8 = 1;
+const SLOW_RESTORED: u8 = 2;
 /// Frames were pushed on the alternate signal stack, above the thread's
 /// frames: the next entry off that stack drops them (left by siglongjmp).
-const SLOW_ALT: u8 = 2;
+const SLOW_ALT: u8 = 4;
+const SLOW: u8 = SLOW_RESTORED | SLOW_ALT;
+
+/// What a released stack points at: the sentinel alone, never written
+/// (`len` is 0), so that a return finds no frame instead of faulting.
+static NO_STACK: [u64; word::BASE] = [u64::MAX, 0];
+
+/// A complete frame: its base and its top (one past the FRAME header).
+#[derive(Clone, Copy)]
+struct Frame {
+    fb: usize,
+    top: usize,
+}
 
 impl Shadow {
     pub(crate) const fn new() -> Shadow {
         Shadow {
             stack: Cell::new(std::ptr::null_mut()),
             len: Cell::new(0),
-            top: Cell::new(0),
+            top: Cell::new(word::BASE),
+            cur: Cell::new(word::BASE),
             depth: Cell::new(0),
-            busy: Cell::new(false),
+            state: Cell::new(0),
             misses: Cell::new(0),
             cur_user: Cell::new(0),
-            building: Cell::new(usize::MAX),
             task_vars: [const { Cell::new(0) }; MAX_USERS],
             task_epochs: [const { Cell::new(0) }; MAX_USERS],
-            slow: Cell::new(0),
             alt: Cell::new((0, 0)),
         }
     }
@@ -597,15 +630,19 @@ impl Shadow {
     /// async-signal-safe) and arranges for its unmapping at thread exit.
     #[cold]
     fn ensure(&self) -> bool {
-        if !self.stack.get().is_null() {
+        if self.len.get() != 0 {
             return true;
+        }
+        if !self.stack.get().is_null() {
+            // Released (the thread is exiting).
+            return false;
         }
         // Fails while the thread's thread-locals are being destroyed: calls
         // made from other destructors then run untraced.
         if UNMAP.try_with(|_| ()).is_err() {
             return false;
         }
-        let words = stack_words();
+        let words = stack_words() + word::BASE;
         // SAFETY: a fresh anonymous mapping aliases nothing.
         let p = unsafe {
             libc::mmap(std::ptr::null_mut(), words * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
@@ -613,101 +650,113 @@ impl Shadow {
         if p == libc::MAP_FAILED {
             return false;
         }
-        self.stack.set(p as *mut u64);
+        let p = p as *mut u64;
+        // SAFETY: the mapping holds `words` > BASE words.
+        unsafe { p.copy_from_nonoverlapping(NO_STACK.as_ptr(), word::BASE) };
+        self.stack.set(p);
+        self.top.set(word::BASE);
+        self.cur.set(word::BASE);
         self.len.set(words);
         true
     }
 
     /// Unmaps the stack (thread exit).
     fn release(&self) {
-        let p = self.stack.replace(std::ptr::null_mut());
-        if !p.is_null() {
+        let p = self.stack.replace(NO_STACK.as_ptr() as *mut u64);
+        if self.len.get() != 0 {
             // SAFETY: our own mapping of `len` words; the thread is exiting
-            // and, with `stack` null, nothing reads it again.
+            // and, with `len` 0, nothing reads it again (NO_STACK instead).
             unsafe { libc::munmap(p as *mut libc::c_void, self.len.get() * 8) };
         }
         self.len.set(0);
-        self.top.set(0);
+        self.top.set(word::BASE);
+        self.cur.set(word::BASE);
         self.depth.set(0);
     }
 
     #[inline(always)]
     fn get(&self, i: usize) -> u64 {
-        debug_assert!(i < self.len.get());
-        // SAFETY: `i < len` (callers keep every index below `top <= len`)
-        // and the mapping lives until the thread's exit (`release`).
+        debug_assert!(i < self.len.get().max(word::BASE));
+        // SAFETY: `i < len` (callers keep every index below `top <= len`;
+        // with no stack, `top` is BASE and only the sentinel below it is
+        // read, from NO_STACK) and the mapping lives until the thread's
+        // exit (`release`).
         unsafe { self.stack.get().add(i).read() }
     }
 
     #[inline(always)]
     fn set(&self, i: usize, v: u64) {
         debug_assert!(i < self.len.get());
-        // SAFETY: as in `get`; only this thread touches its stack.
+        // SAFETY: as in `get` (writes are always checked against `len`);
+        // only this thread touches its stack.
         unsafe { self.stack.get().add(i).write(v) }
     }
 
+    #[inline(always)]
     fn ptr(&self, i: usize) -> *mut u64 {
         // SAFETY: in bounds, as in `get`.
         unsafe { self.stack.get().add(i) }
     }
 
-    /// The base of the frame whose FRAME header is at `top - 1`.
+    /// The innermost complete frame.
     #[inline(always)]
-    fn top_frame(&self) -> Option<(usize, u64)> {
+    fn top_frame(&self) -> Option<Frame> {
         let top = self.top.get();
-        if top == 0 {
+        if top <= word::BASE {
             return None;
         }
         let h = self.get(top - 1);
         debug_assert_eq!(word::kind(h), word::TYPE_FRAME);
-        Some((top - 1 - word::off(h), h))
+        Some(Frame { fb: top - 1 - word::off(h), top })
     }
 
-    /// The complete frames, innermost first: (base, FRAME header).
-    fn frames(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
-        let mut top = match self.building.get() {
-            usize::MAX => self.top.get(),
-            b => b,
-        };
+    #[inline(always)]
+    fn sp_of(&self, f: Frame) -> usize {
+        self.get(f.top - word::SP) as usize
+    }
+
+    #[inline(always)]
+    fn ret_of(&self, f: Frame) -> usize {
+        self.get(f.top - word::RET) as usize
+    }
+
+    /// The complete frames, innermost first.
+    fn frames(&self) -> impl Iterator<Item = Frame> + '_ {
+        let mut top = self.top.get();
         std::iter::from_fn(move || {
-            if top == 0 || self.stack.get().is_null() {
+            if top <= word::BASE || self.len.get() == 0 {
                 return None;
             }
             let h = self.get(top - 1);
-            if word::kind(h) != word::TYPE_FRAME || word::off(h) > top - 1 {
+            if word::kind(h) != word::TYPE_FRAME || word::off(h) < word::FIXED - 1 || word::off(h) > top - 1 - word::BASE {
                 return None;
             }
-            let fb = top - 1 - word::off(h);
-            top = fb;
-            Some((fb, h))
+            let f = Frame { fb: top - 1 - word::off(h), top };
+            top = f.fb;
+            Some(f)
         })
     }
 
-    /// While return callbacks run (the frame returned from is the top one:
-    /// nothing is pushed while `busy`): where its data blocks start, and its
-    /// FRAME header's index (they lie between).
-    fn ret_frame(&self) -> (usize, usize) {
-        match self.top_frame() {
-            Some((fb, h)) => (fb + word::FIXED, fb + word::off(h)),
-            None => (0, 0),
-        }
-    }
-
     /// The current return callback's user's data blocks in the frame
-    /// returned from, innermost (last reserved) first: (word index, bytes).
+    /// returned from (the top one: nothing is pushed while busy), in
+    /// reservation order: (word index, bytes).
+    #[inline(always)]
     fn ret_blocks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        let (base, mut h) = self.ret_frame();
+        let (mut at, end) = match self.top_frame() {
+            Some(f) => (f.fb, f.top - word::FIXED),
+            None => (0, 0),
+        };
         let user = self.cur_user.get();
         std::iter::from_fn(move || {
-            while h > base {
-                let w = self.get(h - 1);
+            while at < end {
+                let w = self.get(at);
                 if word::kind(w) != word::TYPE_DATA {
                     return None;
                 }
-                let start = h - 1 - word::data_words(word::off(w));
-                h = start;
+                let b = (at + 1, word::off(w));
+                at += 1 + word::data_words(b.1);
                 if word::user(w) == user {
-                    return Some((start, word::off(w)));
+                    return Some(b);
                 }
             }
             None
@@ -725,8 +774,18 @@ impl Shadow {
         unsafe { std::slice::from_raw_parts_mut(self.ptr(at) as *mut u8, size) }
     }
 
-    fn pop(&self, fb: usize) {
-        self.top.set(fb);
+    /// Moves a frame-in-construction's fixed words from `from` to `to`
+    /// (`..+ FIXED - 1`, both below `len`).
+    #[inline(always)]
+    fn move_fixed(&self, from: usize, to: usize) {
+        let w: [u64; word::FIXED - 1] = std::array::from_fn(|i| self.get(from + i));
+        for (i, v) in w.into_iter().enumerate() {
+            self.set(to + i, v);
+        }
+    }
+
+    fn pop(&self, f: Frame) {
+        self.top.set(f.fb);
         self.depth.set(self.depth.get() - 1);
     }
 
@@ -735,8 +794,8 @@ impl Shadow {
     fn resync_entry(&self, sp: usize, ret: usize) {
         let rth = RETURN_TO_HANDLER.load(Relaxed);
         let mut alt = None;
-        while let Some((fb, _)) = self.top_frame() {
-            let fsp = self.get(fb + word::SP) as usize;
+        while let Some(f) = self.top_frame() {
+            let fsp = self.sp_of(f);
             if fsp > sp || (fsp == sp && ret == rth) {
                 break;
             }
@@ -744,18 +803,18 @@ impl Shadow {
             // alternate stack above the thread's sees the frames it
             // interrupted below it.  Those are kept, and the frames pushed
             // on the alternate stack are dropped once the thread is off it.
-            let alt = *alt.get_or_insert_with(|| match self.slow.get() & SLOW_ALT {
+            let alt = *alt.get_or_insert_with(|| match self.state.get() & SLOW_ALT {
                 0 => crate::unwind::alt_stack(),
                 _ => Some(self.alt.get()),
             });
             if let Some(r) = alt {
                 if within(r, sp) && !within(r, fsp) {
                     self.alt.set(r);
-                    self.slow.set(self.slow.get() | SLOW_ALT);
+                    self.state.set(self.state.get() | SLOW_ALT);
                     break;
                 }
             }
-            self.pop(fb);
+            self.pop(f);
             STALE.fetch_add(1, Relaxed);
         }
     }
@@ -764,47 +823,48 @@ impl Shadow {
     /// marks ask for.
     #[cold]
     fn resync_slow(&self, sp: usize, ret: usize) {
-        if self.slow.get() == 0 {
+        if self.state.get() & SLOW == 0 {
             return self.resync_entry(sp, ret);
         }
-        if self.slow.get() & SLOW_ALT != 0 {
+        if self.state.get() & SLOW_ALT != 0 {
             let r = self.alt.get();
             if !within(r, sp) {
                 // Off the alternate stack: its frames were left.
-                while let Some((fb, _)) = self.top_frame() {
-                    if !within(r, self.get(fb + word::SP) as usize) {
+                while let Some(f) = self.top_frame() {
+                    if !within(r, self.sp_of(f)) {
                         break;
                     }
-                    self.pop(fb);
+                    self.pop(f);
                     STALE.fetch_add(1, Relaxed);
                 }
-                self.slow.set(self.slow.get() & !SLOW_ALT);
+                self.state.set(self.state.get() & !SLOW_ALT);
             }
         }
         self.resync_entry(sp, ret);
-        if self.slow.get() & SLOW_RESTORED != 0 {
+        if self.state.get() & SLOW_RESTORED != 0 {
             crate::unwind::lazy_rehijack(&ShadowFrames(self), sp, RETURN_TO_HANDLER.load(Relaxed));
         }
     }
 
-    /// The frame of a function returning with entry sp `sp` when it is not
-    /// the top one: the innermost frame with that sp (the frames above it
-    /// were left without returning and are dropped, whatever their sp:
-    /// they may lie on another stack); without one, the first frame not
-    /// below `sp`.
+    /// The top of the frame of a function returning with entry sp `sp`
+    /// when it is not the top one: the innermost frame with that sp (the
+    /// frames above it were left without returning and are dropped,
+    /// whatever their sp: they may lie on another stack); without one, the
+    /// first frame not below `sp`.
     #[cold]
-    fn resync_return(&self, sp: usize) -> Option<(usize, u64)> {
-        let exact = self.frames().position(|(fb, _)| self.get(fb + word::SP) as usize == sp);
+    #[inline(never)]
+    fn resync_return(&self, sp: usize) -> Option<usize> {
+        let exact = self.frames().position(|f| self.sp_of(f) == sp);
         let left = match exact {
             Some(n) => n,
-            None => self.frames().position(|(fb, _)| self.get(fb + word::SP) as usize >= sp)?,
+            None => self.frames().position(|f| self.sp_of(f) >= sp)?,
         };
         for _ in 0..left {
-            let (fb, _) = self.top_frame()?;
-            self.pop(fb);
+            let f = self.top_frame()?;
+            self.pop(f);
             STALE.fetch_add(1, Relaxed);
         }
-        self.top_frame()
+        self.top_frame().map(|f| f.top)
     }
 }
 
@@ -817,21 +877,21 @@ struct ShadowFrames<'a>(&'a Shadow);
 
 impl crate::unwind::Frames for ShadowFrames<'_> {
     fn each(&self, f: &mut dyn FnMut(usize, usize, usize) -> bool) {
-        for (fb, _) in self.0.frames() {
-            if !f(fb, self.0.get(fb + word::RET) as usize, self.0.get(fb + word::SP) as usize) {
+        for fr in self.0.frames() {
+            if !f(fr.fb, self.0.ret_of(fr), self.0.sp_of(fr)) {
                 break;
             }
         }
     }
     fn drop_innermost(&self) {
-        if let Some((fb, _)) = self.0.top_frame() {
-            self.0.pop(fb);
+        if let Some(f) = self.0.top_frame() {
+            self.0.pop(f);
             STALE.fetch_add(1, Relaxed);
         }
     }
     fn set_restored(&self, on: bool) {
-        let s = self.0.slow.get();
-        self.0.slow.set(if on { s | SLOW_RESTORED } else { s & !SLOW_RESTORED });
+        let s = self.0.state.get();
+        self.0.state.set(if on { s | SLOW_RESTORED } else { s & !SLOW_RESTORED });
     }
 }
 
@@ -841,11 +901,12 @@ impl crate::unwind::Frames for ShadowFrames<'_> {
 /// stack or is inside fgraph.
 pub(crate) fn with_thread_frames<R>(f: impl FnOnce(&dyn crate::unwind::Frames, usize) -> R) -> Option<R> {
     let sh = shadow();
-    if sh.stack.get().is_null() || sh.busy.replace(true) {
+    if sh.len.get() == 0 || sh.state.get() & BUSY != 0 {
         return None;
     }
+    sh.state.set(sh.state.get() | BUSY);
     let r = f(&ShadowFrames(sh), RETURN_TO_HANDLER.load(Relaxed));
-    sh.busy.set(false);
+    sh.state.set(sh.state.get() & !BUSY);
     Some(r)
 }
 
@@ -874,6 +935,7 @@ fn shadow() -> &'static Shadow {
 /// `epoch`.
 #[inline(always)]
 fn user_at(slot: usize, epoch: u32) -> Option<&'static Fgraph> {
+    let slot = slot % MAX_USERS;
     let p = SLOTS[slot].load(Acquire);
     if p.is_null() || SLOT_EPOCH[slot].load(Relaxed).wrapping_sub(epoch) as i32 > 0 {
         return None;
@@ -908,85 +970,136 @@ pub(crate) extern "C" fn graph_entry(ip: usize, _parent: usize, _op: &Ops, fregs
     push(shadow(), ip, fregs);
 }
 
-#[inline(always)]
+/// Counts a call left untraced for want of room, and leaves.
+#[cold]
+#[inline(never)]
 fn miss(sh: &Shadow) {
     sh.misses.set(sh.misses.get() + 1);
     MISSES.fetch_add(1, Relaxed);
-    sh.busy.set(false);
+    sh.state.set(sh.state.get() & !BUSY);
 }
 
+/// Everything [`push`]'s fast path leaves out: the recursion guard, the
+/// thread's first call, frames to drop, the slow-path marks, a full stack.
+/// Marks the thread busy and returns true when the call is to be traced
+/// (with `top` the new frame's base).
+#[cold]
 #[inline(never)]
-fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
-    if sh.busy.replace(true) {
+fn push_slow(sh: &Shadow, sp: usize, ret: usize) -> bool {
+    if sh.state.get() & BUSY != 0 {
         RECURSION_MISSES.fetch_add(1, Relaxed);
-        return;
+        return false;
     }
-    let sp = fregs.stack_pointer();
-    let ret = fregs.return_address();
-    if sh.stack.get().is_null() && !sh.ensure() {
-        return miss(sh);
+    sh.state.set(sh.state.get() | BUSY);
+    if sh.len.get() == 0 && !sh.ensure() {
+        miss(sh);
+        return false;
     }
-    // The common case costs one comparison: the top frame (the caller's)
-    // was entered above this call.
-    // (One call site for the slow paths: the marks of unwinder hooks and
-    // alternate signal stacks cost one more test here.)
     let stale = match sh.top_frame() {
-        Some((tfb, _)) => {
-            let tsp = sh.get(tfb + word::SP) as usize;
+        Some(f) => {
+            let tsp = sh.sp_of(f);
             tsp < sp || (tsp == sp && ret != RETURN_TO_HANDLER.load(Relaxed))
         }
         None => false,
     };
-    if stale || sh.slow.get() != 0 {
+    if stale || sh.state.get() & SLOW != 0 {
         sh.resync_slow(sp, ret);
     }
-    let fb = sh.top.get();
-    if fb + word::FIXED + 1 > sh.len.get() {
-        return miss(sh);
+    if sh.top.get() + word::FIXED > sh.len.get() {
+        miss(sh);
+        return false;
     }
+    true
+}
+
+/// The entry: the common case (not busy, no marks, room, the top frame's
+/// sp above this call's) tests one byte, one bound and one word.  The
+/// frame's fixed words are written before the callbacks, at the data
+/// cursor (the reservations move them up, see [`GraphEnt::reserve`]), so
+/// that only the FRAME header is left for after them.
+#[inline(never)]
+fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
+    let sp = fregs.stack_pointer();
+    let ret = fregs.return_address();
+    let top = sh.top.get();
+    // The sentinel below the first frame makes `top - SP` readable
+    // whenever the stack exists (`len` is 0 otherwise).
+    let fast = sh.state.get() == 0 && top + word::FIXED <= sh.len.get() && {
+        let tsp = sh.get(top - word::SP) as usize;
+        tsp > sp || (tsp == sp && ret == RETURN_TO_HANDLER.load(Relaxed))
+    };
+    if fast {
+        sh.state.set(BUSY);
+    } else if !push_slow(sh, sp, ret) {
+        return;
+    }
+    // The new frame's base (push_slow may have dropped frames); `top`
+    // stays there until the frame is complete.
+    let fb = sh.top.get();
+    let calltime = if TIMESTAMPS.load(Relaxed) { clock::ticks() } else { 0 };
+    // At `top - n` of a frame without data.
+    let w = sh.stack.get();
+    debug_assert!(fb + word::FIXED <= sh.len.get());
+    // SAFETY: `fb + FIXED <= len`, checked above (fast or slow); one load
+    // of the base, as the stores cannot change it.
+    unsafe {
+        w.add(fb + word::FIXED - word::CALLTIME).write(calltime);
+        w.add(fb + word::FIXED - word::FUNC).write(ip as u64);
+        w.add(fb + word::FIXED - word::RET).write(ret as u64);
+        w.add(fb + word::FIXED - word::SP).write(sp as u64);
+    }
+    sh.cur.set(fb);
     let epoch = EPOCH.load(Relaxed);
-    sh.set(fb + word::RET, ret as u64);
-    sh.set(fb + word::FUNC, ip as u64);
-    sh.set(fb + word::SP, sp as u64);
-    sh.set(fb + word::CALLTIME, if TIMESTAMPS.load(Relaxed) { clock::ticks() } else { 0 });
-    sh.top.set(fb + word::FIXED);
-    sh.building.set(fb);
     let ent = GraphEnt { func: ip, depth: sh.depth.get(), shadow: sh };
-    let mut want = 0u16;
-    let mut call = |slot: usize, sh: &Shadow| {
-        if let Some(u) = user_at(slot, epoch) {
-            let mark = sh.top.get();
-            sh.cur_user.set(slot);
-            if (u.entry)(&ent, u, fregs) {
-                want |= 1 << slot;
-            } else {
-                // Its data is not needed.
-                sh.top.set(mark);
+    let want = match SINGLE.load(Acquire) {
+        0 => call_entries(sh, &ent, fregs, epoch),
+        s => {
+            // (Data a lone user reserved is dropped with the frame when it
+            // does not want the return.)
+            let slot = (s - 1) % MAX_USERS;
+            match user_at(slot, epoch) {
+                Some(u) => {
+                    sh.cur_user.set(slot);
+                    ((u.entry)(&ent, u, fregs) as u16) << slot
+                }
+                None => 0,
             }
         }
     };
-    match SINGLE.load(Acquire) {
-        0 => {
-            let mut m = mask_of(ip);
-            while m != 0 {
-                let slot = m.trailing_zeros() as usize;
-                m &= m - 1;
-                call(slot, sh);
-            }
-        }
-        s => call(s - 1, sh),
-    }
-    sh.building.set(usize::MAX);
-    let head = sh.top.get();
-    if want == 0 {
-        sh.top.set(fb);
-    } else {
-        sh.set(head, word::frame(head - fb, want, epoch));
-        sh.top.set(head + 1);
+    if want != 0 {
+        // Room: checked above for a frame without data, and by `reserve`
+        // for each block with the fixed words after it.
+        let hd = sh.cur.get() + word::FIXED - 1;
+        sh.set(hd, word::frame(hd - sh.top.get(), want, epoch));
+        sh.top.set(hd + 1);
         sh.depth.set(sh.depth.get() + 1);
         fregs.set_return_address(RETURN_TO_HANDLER.load(Relaxed));
     }
-    sh.busy.set(false);
+    sh.state.set(sh.state.get() & !BUSY);
+}
+
+/// The entry callbacks of several users: the bitmap of those that want
+/// the return.
+#[inline(never)]
+fn call_entries(sh: &Shadow, ent: &GraphEnt, fregs: &mut FtraceRegs, epoch: u32) -> u16 {
+    let mut want = 0u16;
+    let mut m = mask_of(ent.func);
+    while m != 0 {
+        let slot = m.trailing_zeros() as usize;
+        m &= m - 1;
+        if let Some(u) = user_at(slot, epoch) {
+            let mark = sh.cur.get();
+            sh.cur_user.set(slot);
+            if (u.entry)(ent, u, fregs) {
+                want |= 1 << slot;
+            } else if sh.cur.get() != mark {
+                // Its data is not needed: the fixed words move back down.
+                sh.move_fixed(sh.cur.get(), mark);
+                sh.cur.set(mark);
+            }
+        }
+    }
+    want
 }
 
 impl GraphEnt {
@@ -995,10 +1108,15 @@ impl GraphEnt {
     /// a thread-local lookup: the record knows its thread.
     #[inline]
     pub fn task_var(&self, user: &Fgraph) -> Option<&Cell<u64>> {
+        user.task_var_in(self.sh())
+    }
+
+    #[inline(always)]
+    fn sh(&self) -> &Shadow {
         // SAFETY: `shadow` is the calling thread's block, which lives until
         // the thread is gone; the record is not Send (raw pointer) and lives
         // only during the callback on that thread.
-        user.task_var_in(unsafe { &*self.shadow })
+        unsafe { &*self.shadow }
     }
 
     /// Reserves `size` (≤ [`DATA_MAX`]) bytes on the shadow stack for this
@@ -1007,89 +1125,125 @@ impl GraphEnt {
     /// `None` when there is no room (or outside one).
     #[allow(clippy::mut_from_ref)]
     pub fn reserve_data(&self, size: usize) -> Option<&mut [u8]> {
-        if size == 0 || size > DATA_MAX {
-            return None;
-        }
-        let sh = shadow();
-        if !sh.busy.get() || sh.stack.get().is_null() {
-            return None;
-        }
-        let at = sh.top.get();
-        let words = word::data_words(size);
-        // Room for the block, its header and the FRAME header.
-        if at + words + 2 > sh.len.get() {
-            return None;
-        }
-        for i in 0..words {
+        let at = self.reserve(size)?;
+        let sh = self.sh();
+        for i in 0..word::data_words(size) {
             sh.set(at + i, 0);
         }
-        sh.set(at + words, word::data(size, sh.cur_user.get()));
-        sh.top.set(at + words + 1);
         // Reserved above for this call and never handed out twice; it lives
         // until the frame is popped, after the return callbacks, and the
         // borrow is tied to `self`, which lives only during the entry
         // callback.
         Some(sh.block((at, size)))
     }
-}
 
-impl GraphRet {
-    /// The data this user reserved at entry (the first block), or `None`.
-    /// Only valid inside a return callback.
+    /// [`reserve_data`](GraphEnt::reserve_data) without the zeroing: the
+    /// first word of the block (the words hold what the stack held).
+    #[inline(always)]
+    pub(crate) fn reserve(&self, size: usize) -> Option<usize> {
+        if size == 0 || size > DATA_MAX {
+            return None;
+        }
+        let sh = self.sh();
+        let at = sh.cur.get();
+        let words = word::data_words(size);
+        // Only between push's setting `cur` and the frame's completion
+        // (`cur` at or above `top`: elsewhere it would reach into complete
+        // frames), and with room for the header, the block and the fixed
+        // words after it.
+        if sh.state.get() & BUSY == 0 || at < sh.top.get() || at + 1 + words + word::FIXED > sh.len.get() {
+            return None;
+        }
+        // The fixed words move up past the block.
+        let next = at + 1 + words;
+        sh.move_fixed(at, next);
+        sh.set(at, word::data(size, sh.cur_user.get()));
+        sh.cur.set(next);
+        Some(at + 1)
+    }
+
+    /// The bytes of a block from [`reserve`](GraphEnt::reserve).
+    #[inline(always)]
     #[allow(clippy::mut_from_ref)]
-    pub fn retrieve_data(&self) -> Option<&mut [u8]> {
-        // The lowest block of the user is its first reservation.
-        let sh = shadow();
-        sh.ret_blocks().last().map(|b| sh.block(b))
+    pub(crate) fn block(&self, at: usize, size: usize) -> &mut [u8] {
+        self.sh().block((at, size))
+    }
+
+    /// The word at `at` of this thread's shadow stack (a block from
+    /// [`reserve`](GraphEnt::reserve)).
+    #[inline(always)]
+    pub(crate) fn set_word(&self, at: usize, v: u64) {
+        self.sh().set(at, v)
     }
 }
 
 impl GraphRet {
+    #[inline(always)]
+    fn sh(&self) -> &Shadow {
+        // SAFETY: as in GraphEnt::sh.
+        unsafe { &*self.shadow }
+    }
+
+    /// The data this user reserved at entry (the first block), or `None`.
+    /// Only valid inside a return callback.
+    #[allow(clippy::mut_from_ref)]
+    pub fn retrieve_data(&self) -> Option<&mut [u8]> {
+        let sh = self.sh();
+        sh.ret_blocks().next().map(|b| sh.block(b))
+    }
+
     /// As [`GraphEnt::task_var`].
     #[inline]
     pub fn task_var(&self, user: &Fgraph) -> Option<&Cell<u64>> {
-        // SAFETY: as in GraphEnt::task_var.
-        user.task_var_in(unsafe { &*self.shadow })
+        user.task_var_in(self.sh())
     }
 
     /// Calls `f` with each block this user reserved at entry, in
     /// reservation order (one walk of the frame; fprobe's exit).
     pub fn for_each_data(&self, mut f: impl FnMut(&mut [u8])) {
-        // Small: the array is initialised on every return.
-        const MAX: usize = 4;
-        let sh = shadow();
-        let mut blocks = [(0usize, 0usize); MAX];
-        let mut n = 0;
+        let sh = self.sh();
         for b in sh.ret_blocks() {
-            if n == MAX {
-                // More blocks than fit the array: one by one (rare).
-                let mut i = 0;
-                while let Some(b) = self.retrieve_data_nth(i) {
-                    f(b);
-                    i += 1;
-                }
-                return;
-            }
-            blocks[n] = b;
-            n += 1;
-        }
-        for &b in blocks[..n].iter().rev() {
             f(sh.block(b));
         }
     }
-}
 
-impl GraphRet {
+    /// [`for_each_data`](GraphRet::for_each_data) with the blocks' first
+    /// word indexes and sizes.
+    #[inline(always)]
+    pub(crate) fn for_each_block(&self, mut f: impl FnMut(usize, usize)) {
+        for (at, size) in self.sh().ret_blocks() {
+            f(at, size);
+        }
+    }
+
+    /// The word at `at` of this thread's shadow stack.
+    #[inline(always)]
+    pub(crate) fn word(&self, at: usize) -> u64 {
+        self.sh().get(at)
+    }
+
+    /// The bytes of a block from [`for_each_block`](GraphRet::for_each_block).
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn block(&self, at: usize, size: usize) -> &mut [u8] {
+        self.sh().block((at, size))
+    }
+
+    /// The real return address of the returning call (what the entry saw
+    /// as `fregs.return_address()`).
+    #[inline(always)]
+    pub(crate) fn ret_ip(&self) -> usize {
+        let sh = self.sh();
+        sh.get(sh.top.get() - word::RET) as usize
+    }
+
     /// The `n`-th block (0: the first, as [`GraphRet::retrieve_data`]) this
     /// user reserved at entry, in reservation order, or `None`.  Only valid
     /// inside a return callback.
     #[allow(clippy::mut_from_ref)]
     pub fn retrieve_data_nth(&self, n: usize) -> Option<&mut [u8]> {
-        // Two walks (no allocation): count the user's blocks, then pick the
-        // n-th from the bottom.
-        let sh = shadow();
-        let from_top = sh.ret_blocks().count().checked_sub(n + 1)?;
-        sh.ret_blocks().nth(from_top).map(|b| sh.block(b))
+        let sh = self.sh();
+        sh.ret_blocks().nth(n).map(|b| sh.block(b))
     }
 }
 
@@ -1098,10 +1252,7 @@ impl GraphRet {
 /// return address.
 pub extern "C" fn ftrace_return_to_handler(fregs: &mut FtraceRegs) -> usize {
     let _g = DispatchGuard::enter();
-    match pop_return(shadow(), fregs) {
-        Some(ret) => ret,
-        None => fatal(b"ftramp fgraph: a hijacked return found no shadow-stack frame\n"),
-    }
+    pop_return(shadow(), fregs)
 }
 
 #[cold]
@@ -1111,43 +1262,81 @@ fn fatal(msg: &[u8]) -> ! {
     std::process::abort()
 }
 
+/// The return: the common case (not busy, no marks, the top frame is the
+/// returning call's) keeps nothing but the thread's block in registers
+/// across the callbacks; the rest is in [`pop_slow`].
 #[inline(always)]
-fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> Option<usize> {
-    let was_busy = sh.busy.replace(true);
+fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> usize {
     let sp = fregs.stack_pointer().wrapping_sub(RET_SP_DELTA);
-    // The frame entered with this sp; frames above it were left without
-    // returning.
-    let (fb, head) = match sh.top_frame() {
-        Some((fb, h)) if sh.get(fb + word::SP) as usize == sp => (fb, h),
-        _ => sh.resync_return(sp)?,
-    };
-    let ret = sh.get(fb + word::RET) as usize;
-    let calltime = sh.get(fb + word::CALLTIME);
+    let top = sh.top.get();
+    // (With no frame, the sentinel's u64::MAX never matches.)
+    if sh.state.get() != 0 || sh.get(top - word::SP) as usize != sp {
+        return pop_slow(sh, fregs, sp);
+    }
+    sh.state.set(BUSY);
+    let ret = pop_frame(sh, fregs);
+    // Nothing changes the state while busy.
+    sh.state.set(0);
+    ret
+}
+
+/// [`pop_return`] when the thread is marked (busy, slow-path marks) or the
+/// frame returned from is not the top one (frames above it were left
+/// without returning).
+#[cold]
+#[inline(never)]
+fn pop_slow(sh: &Shadow, fregs: &mut FtraceRegs, sp: usize) -> usize {
+    let state = sh.state.get();
+    sh.state.set(state | BUSY);
+    if sh.get(sh.top.get() - word::SP) as usize != sp && sh.resync_return(sp).is_none() {
+        fatal(b"ftramp fgraph: a hijacked return found no shadow-stack frame\n");
+    }
+    let ret = pop_frame(sh, fregs);
+    sh.state.set(state);
+    ret
+}
+
+/// Calls the return callbacks of the top frame, pops it, returns its real
+/// return address.  (The frame is read from `top` after each call: fewer
+/// registers to keep across them; nothing is pushed while busy.)
+#[inline(always)]
+fn pop_frame(sh: &Shadow, fregs: &mut FtraceRegs) -> usize {
+    let calltime = sh.get(sh.top.get() - word::CALLTIME);
     // A frame pushed with a time gets one at return.
-    let (calltime, rettime) = if calltime != 0 { (clock::ticks_to_ns(calltime), clock::ticks_to_ns(clock::ticks())) } else { (0, 0) };
-    let depth = sh.depth.get() - 1;
-    let rec = GraphRet { func: sh.get(fb + word::FUNC) as usize, depth, calltime, rettime, shadow: sh };
-    let epoch = word::epoch(head);
-    let mut m = word::bitmap(head);
-    let mut call = |slot: usize| {
-        if let Some(u) = user_at(slot, epoch) {
+    let (calltime, rettime) = if calltime != 0 { clock::ticks_pair_to_ns(calltime, clock::ticks()) } else { (0, 0) };
+    let top = sh.top.get();
+    let head = sh.get(top - 1);
+    let rec = GraphRet { func: sh.get(top - word::FUNC) as usize, depth: sh.depth.get() - 1, calltime, rettime, shadow: sh };
+    let m = word::bitmap(head);
+    if m.is_power_of_two() {
+        let slot = m.trailing_zeros() as usize;
+        if let Some(u) = user_at(slot, word::epoch(head)) {
             sh.cur_user.set(slot);
             (u.ret)(&rec, u, fregs);
         }
-    };
-    if m.is_power_of_two() {
-        call(m.trailing_zeros() as usize);
     } else {
-        while m != 0 {
-            let slot = m.trailing_zeros() as usize;
-            m &= m - 1;
-            call(slot);
+        call_rets(sh, &rec, fregs, head);
+    }
+    let top = sh.top.get();
+    let ret = sh.get(top - word::RET) as usize;
+    sh.top.set(top - 1 - word::off(sh.get(top - 1)));
+    sh.depth.set(sh.depth.get() - 1);
+    ret
+}
+
+/// The return callbacks of several users (FRAME header `head`).
+#[inline(never)]
+fn call_rets(sh: &Shadow, rec: &GraphRet, fregs: &mut FtraceRegs, head: u64) {
+    let epoch = word::epoch(head);
+    let mut m = word::bitmap(head);
+    while m != 0 {
+        let slot = m.trailing_zeros() as usize;
+        m &= m - 1;
+        if let Some(u) = user_at(slot, epoch) {
+            sh.cur_user.set(slot);
+            (u.ret)(rec, u, fregs);
         }
     }
-    sh.top.set(fb);
-    sh.depth.set(depth);
-    sh.busy.set(was_busy);
-    Some(ret)
 }
 
 /// This thread's shadow-stack depth (frames pushed and not yet popped).
@@ -1170,7 +1359,7 @@ pub fn ret_addr(ret: usize, entry_sp: usize) -> usize {
         return ret;
     }
     let sh = shadow();
-    sh.frames().find(|(fb, _)| sh.get(fb + word::SP) as usize == entry_sp).map(|(fb, _)| sh.get(fb + word::RET) as usize).unwrap_or(ret)
+    sh.frames().find(|f| sh.sp_of(*f) == entry_sp).map(|f| sh.ret_of(f)).unwrap_or(ret)
 }
 
 /// For backtraces walking outwards: the real return address of the
@@ -1181,7 +1370,7 @@ pub fn ret_addr_nth(idx: &mut usize, ret: usize) -> usize {
         return ret;
     }
     let sh = shadow();
-    match sh.frames().nth(*idx).map(|(fb, _)| sh.get(fb + word::RET) as usize) {
+    match sh.frames().nth(*idx).map(|f| sh.ret_of(f)) {
         Some(r) => {
             *idx += 1;
             r
