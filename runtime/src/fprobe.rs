@@ -17,7 +17,9 @@
 //!
 //! * **by ip**: site address → the fprobes on it (entry);
 //! * **by fprobe**: fprobe address → its registration number (exit: is the
-//!   fprobe whose entry ran still registered, and by the same registration?).
+//!   fprobe whose entry ran still registered, and by the same registration?
+//!   Asked only when the snapshot changed since the entry: each snapshot
+//!   has a generation number, and an unchanged one answers yes).
 //!
 //! # Per-call data on the shadow stack
 //!
@@ -28,12 +30,13 @@
 //! ```text
 //!   +0   the Fprobe's address (0: its entry handler skipped the exit)
 //!   +8   the registration number it was entered under
-//!   +16  ret_ip, where the probed function returns
+//!   +16  the generation of the tables the entry saw
 //!   +24  entry data (entry_data_size bytes, zeroed)
 //! ```
 //!
-//! At return the exit handler runs only if the by-fprobe table still holds
-//! that fprobe with that registration number.
+//! At return the exit handler runs only if the tables are those the entry
+//! saw, or the by-fprobe table still holds that fprobe with that
+//! registration number.  (`ret_ip` is the fgraph frame's return address.)
 //!
 //! # Unregistering
 //!
@@ -60,7 +63,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// Largest `entry_data_size`, in bytes.
 pub const ENTRY_DATA_MAX: usize = 120;
-/// Words before the entry data in each shadow-stack block.
+/// Bytes before the entry data in each shadow-stack block (three words).
 const HEADER: usize = 24;
 const _: () = assert!(HEADER + ENTRY_DATA_MAX <= fgraph::DATA_MAX);
 
@@ -183,6 +186,8 @@ struct Tables {
     /// (fprobe, registration number) of every registration, sorted: an
     /// exit runs only if its entry's pair is still here.
     live: Box<[(usize, u64)]>,
+    /// Distinct for every published snapshot.
+    gen: u64,
 }
 
 // SAFETY: the raw pointers are only addresses of fprobes kept alive by the
@@ -193,6 +198,7 @@ unsafe impl Sync for Tables {}
 
 static TABLES: AtomicPtr<Tables> = AtomicPtr::new(std::ptr::null_mut());
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_GEN: AtomicU64 = AtomicU64::new(1);
 
 /// The current tables; valid while the caller is inside dispatch.
 fn tables() -> Option<&'static Tables> {
@@ -222,7 +228,7 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
 /// Publishes tables for the current registrations; returns the old ones
 /// (to be freed after a grace period).
 fn publish(r: &Registry) -> Option<Box<Tables>> {
-    let mut t = Tables::default();
+    let mut t = Tables { gen: NEXT_GEN.fetch_add(1, Relaxed), ..Tables::default() };
     let mut by_ip: BTreeMap<usize, Vec<Probe>> = BTreeMap::new();
     let mut live = Vec::new();
     for p in &r.probes {
@@ -397,38 +403,45 @@ extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> b
             }
             continue;
         }
-        let Some(block) = ent.reserve_data(HEADER + size) else {
+        // The header words are written below; only the entry data needs
+        // zeroing.
+        let Some(at) = ent.reserve(HEADER + size) else {
             fp.nmissed.fetch_add(1, Relaxed);
             continue;
         };
-        let (head, data) = block.split_at_mut(HEADER);
+        let data = ent.block(at + HEADER / 8, size);
+        if size != 0 {
+            data.fill(0);
+        }
         let action = match fp.entry_handler {
             Some(h) => h(fp, ent.func, ret_ip, fregs, data),
             None => EntryAction::Continue,
         };
-        let fpw = if action == EntryAction::Continue { p.fp as usize as u64 } else { 0 };
-        head[0..8].copy_from_slice(&fpw.to_ne_bytes());
-        head[8..16].copy_from_slice(&p.id.to_ne_bytes());
-        head[16..24].copy_from_slice(&(ret_ip as u64).to_ne_bytes());
-        want |= action == EntryAction::Continue;
+        let go = action == EntryAction::Continue;
+        ent.set_word(at, if go { p.fp as usize as u64 } else { 0 });
+        ent.set_word(at + 1, p.id);
+        ent.set_word(at + 2, t.gen);
+        want |= go;
     }
     want
 }
 
 extern "C" fn fp_exit(ret: &GraphRet, _g: &Fgraph, fregs: &mut FtraceRegs) {
     let Some(t) = tables() else { return };
-    ret.for_each_data(|block| {
-        let (head, data) = block.split_at_mut(HEADER);
-        let word = |i: usize| u64::from_ne_bytes(head[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        let (fpw, id, ret_ip) = (word(0) as usize, word(1), word(2) as usize);
-        if fpw == 0 || t.live.binary_search(&(fpw, id)).is_err() {
+    let ret_ip = ret.ret_ip();
+    ret.for_each_block(|at, size| {
+        let fpw = ret.word(at) as usize;
+        if fpw == 0 || size < HEADER {
+            return;
+        }
+        if ret.word(at + 2) != t.gen && t.live.binary_search(&(fpw, ret.word(at + 1))).is_err() {
             return;
         }
         // SAFETY: still in the tables under the same registration: the
         // registry holds it (see fp_entry).
         let fp = unsafe { &*(fpw as *const Fprobe) };
         if let Some(h) = fp.exit_handler {
-            h(fp, ret.func, ret_ip, fregs, data);
+            h(fp, ret.func, ret_ip, fregs, ret.block(at + HEADER / 8, size - HEADER));
         }
     });
 }
