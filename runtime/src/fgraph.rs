@@ -778,10 +778,10 @@ impl Shadow {
     /// (`..+ FIXED - 1`, both below `len`).
     #[inline(always)]
     fn move_fixed(&self, from: usize, to: usize) {
-        let w: [u64; word::FIXED - 1] = std::array::from_fn(|i| self.get(from + i));
-        for (i, v) in w.into_iter().enumerate() {
-            self.set(to + i, v);
-        }
+        debug_assert!(from.max(to) + word::FIXED - 1 <= self.len.get());
+        // SAFETY: both ranges lie below `len` (the callers' room checks);
+        // `copy` allows the overlap.
+        unsafe { std::ptr::copy(self.ptr(from), self.ptr(to), word::FIXED - 1) }
     }
 
     fn pop(&self, f: Frame) {
@@ -1125,7 +1125,7 @@ impl GraphEnt {
     /// `None` when there is no room (or outside one).
     #[allow(clippy::mut_from_ref)]
     pub fn reserve_data(&self, size: usize) -> Option<&mut [u8]> {
-        let at = self.reserve(size)?;
+        let at = self.reserve_at(size)?;
         let sh = self.sh();
         for i in 0..word::data_words(size) {
             sh.set(at + i, 0);
@@ -1137,10 +1137,17 @@ impl GraphEnt {
         Some(sh.block((at, size)))
     }
 
-    /// [`reserve_data`](GraphEnt::reserve_data) without the zeroing: the
-    /// first word of the block (the words hold what the stack held).
+    /// [`reserve_data`](GraphEnt::reserve_data) without the zeroing (the
+    /// words hold what the stack held, initialised memory): the block's
+    /// first word, valid for `size` bytes until the frame is popped (after
+    /// the return callbacks) or dropped.
     #[inline(always)]
-    pub(crate) fn reserve(&self, size: usize) -> Option<usize> {
+    pub(crate) fn reserve(&self, size: usize) -> Option<*mut u64> {
+        self.reserve_at(size).map(|at| self.sh().ptr(at))
+    }
+
+    #[inline(always)]
+    fn reserve_at(&self, size: usize) -> Option<usize> {
         if size == 0 || size > DATA_MAX {
             return None;
         }
@@ -1160,20 +1167,6 @@ impl GraphEnt {
         sh.set(at, word::data(size, sh.cur_user.get()));
         sh.cur.set(next);
         Some(at + 1)
-    }
-
-    /// The bytes of a block from [`reserve`](GraphEnt::reserve).
-    #[inline(always)]
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) fn block(&self, at: usize, size: usize) -> &mut [u8] {
-        self.sh().block((at, size))
-    }
-
-    /// The word at `at` of this thread's shadow stack (a block from
-    /// [`reserve`](GraphEnt::reserve)).
-    #[inline(always)]
-    pub(crate) fn set_word(&self, at: usize, v: u64) {
-        self.sh().set(at, v)
     }
 }
 
@@ -1208,25 +1201,13 @@ impl GraphRet {
     }
 
     /// [`for_each_data`](GraphRet::for_each_data) with the blocks' first
-    /// word indexes and sizes.
+    /// words and sizes in bytes (valid until the callback returns).
     #[inline(always)]
-    pub(crate) fn for_each_block(&self, mut f: impl FnMut(usize, usize)) {
-        for (at, size) in self.sh().ret_blocks() {
-            f(at, size);
+    pub(crate) fn for_each_block(&self, mut f: impl FnMut(*mut u64, usize)) {
+        let sh = self.sh();
+        for (at, size) in sh.ret_blocks() {
+            f(sh.ptr(at), size);
         }
-    }
-
-    /// The word at `at` of this thread's shadow stack.
-    #[inline(always)]
-    pub(crate) fn word(&self, at: usize) -> u64 {
-        self.sh().get(at)
-    }
-
-    /// The bytes of a block from [`for_each_block`](GraphRet::for_each_block).
-    #[inline(always)]
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) fn block(&self, at: usize, size: usize) -> &mut [u8] {
-        self.sh().block((at, size))
     }
 
     /// The real return address of the returning call (what the entry saw

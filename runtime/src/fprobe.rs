@@ -405,11 +405,14 @@ extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> b
         }
         // The header words are written below; only the entry data needs
         // zeroing.
-        let Some(at) = ent.reserve(HEADER + size) else {
+        let Some(b) = ent.reserve(HEADER + size) else {
             fp.nmissed.fetch_add(1, Relaxed);
             continue;
         };
-        let data = ent.block(at + HEADER / 8, size);
+        // SAFETY: `b` is this call's fresh block of HEADER + size bytes,
+        // u64-aligned and initialised (the shadow stack's words), ours
+        // alone until the frame is popped.
+        let (head, data) = unsafe { (std::slice::from_raw_parts_mut(b, HEADER / 8), std::slice::from_raw_parts_mut(b.add(HEADER / 8) as *mut u8, size)) };
         if size != 0 {
             data.fill(0);
         }
@@ -418,9 +421,9 @@ extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> b
             None => EntryAction::Continue,
         };
         let go = action == EntryAction::Continue;
-        ent.set_word(at, if go { p.fp as usize as u64 } else { 0 });
-        ent.set_word(at + 1, p.id);
-        ent.set_word(at + 2, t.gen);
+        head[0] = if go { p.fp as usize as u64 } else { 0 };
+        head[1] = p.id;
+        head[2] = t.gen;
         want |= go;
     }
     want
@@ -429,19 +432,22 @@ extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> b
 extern "C" fn fp_exit(ret: &GraphRet, _g: &Fgraph, fregs: &mut FtraceRegs) {
     let Some(t) = tables() else { return };
     let ret_ip = ret.ret_ip();
-    ret.for_each_block(|at, size| {
-        let fpw = ret.word(at) as usize;
-        if fpw == 0 || size < HEADER {
+    ret.for_each_block(|b, size| {
+        if size < HEADER {
             return;
         }
-        if ret.word(at + 2) != t.gen && t.live.binary_search(&(fpw, ret.word(at + 1))).is_err() {
+        // SAFETY: one of this user's blocks of the returning call (ours,
+        // at least HEADER bytes), valid during this callback.
+        let (head, data) = unsafe { (std::slice::from_raw_parts(b, HEADER / 8), std::slice::from_raw_parts_mut(b.add(HEADER / 8) as *mut u8, size - HEADER)) };
+        let fpw = head[0] as usize;
+        if fpw == 0 || (head[2] != t.gen && t.live.binary_search(&(fpw, head[1])).is_err()) {
             return;
         }
         // SAFETY: still in the tables under the same registration: the
         // registry holds it (see fp_entry).
         let fp = unsafe { &*(fpw as *const Fprobe) };
         if let Some(h) = fp.exit_handler {
-            h(fp, ret.func, ret_ip, fregs, ret.block(at + HEADER / 8, size - HEADER));
+            h(fp, ret.func, ret_ip, fregs, data);
         }
     });
 }
