@@ -331,3 +331,61 @@ fn dlopened_libraries_are_traced_without_a_refresh() {
     ftrace().unregister(&ops).unwrap();
     ftrace().unregister(&keep).unwrap();
 }
+
+/// x86_64 stub entry (README "Stub entry"): the engine's sites `jmp` to a
+/// stub of their own that pushes the address after the site and jumps to
+/// the site's trampoline; a site that changes trampoline gets a new stub,
+/// and stubs no site uses are unmapped by the grace period of the next
+/// unregister.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn x86_64_sites_jump_to_their_own_stubs_which_are_freed_when_unused() {
+    use ftramp_runtime::patch::read_text;
+    let _l = lock();
+    let site_of = |f: usize| {
+        ftrace().site_dispatch().into_iter().map(|(s, _)| s).find(|s| s.addr - s.offset_in_symbol == f || s.addr == f).map(|s| s.addr).unwrap()
+    };
+    let rel = |b: &[u8], at: usize| at.wrapping_add_signed(i32::from_le_bytes(b[..4].try_into().unwrap()) as isize);
+    // The stub a site jumps to, checked: lea r11, [site+5]; push r11; jmp trampoline.
+    let stub_of = |site: usize| -> (usize, usize) {
+        let s = read_text(site, 5);
+        assert_eq!(s[0], 0xe9, "site {site:#x}: {s:02x?}");
+        let stub = rel(&s[1..], site + 5);
+        let b = read_text(stub, 16);
+        assert_eq!(&b[..3], &[0x4c, 0x8d, 0x1d], "lea r11, [rip+..]: {b:02x?}");
+        assert_eq!(rel(&b[3..], stub + 7), site + 5, "the stub pushes the address after the site");
+        assert_eq!(&b[7..10], &[0x41, 0x53, 0xe9], "push r11; jmp: {b:02x?}");
+        (stub, rel(&b[10..], stub + 14))
+    };
+    let mapped = |addr: usize| {
+        std::fs::read_to_string("/proc/self/maps").unwrap().lines().any(|l| {
+            let (a, b) = l.split_whitespace().next().unwrap().split_once('-').unwrap();
+            (usize::from_str_radix(a, 16).unwrap()..usize::from_str_radix(b, 16).unwrap()).contains(&addr)
+        })
+    };
+    let a = counting(Filter::new().symbol("tracee_two"));
+    let b = counting(Filter::new().symbol("tracee_two"));
+    ftrace().register(a.clone()).unwrap();
+    let site = site_of(addr!(tracee_two));
+    let (stub1, direct) = stub_of(site);
+    assert_eq!(tracee_two(1, 2), 1002);
+    ftrace().register(b.clone()).unwrap();
+    let (stub2, list) = stub_of(site);
+    assert_ne!(stub2, stub1, "a new stub for the list trampoline");
+    assert_ne!(list, direct);
+    assert_eq!(tracee_two(3, 4), 3004);
+    assert_eq!((count_of(&a), count_of(&b)), (2, 1));
+    ftrace().unregister(&b).unwrap();
+    let (stub3, back) = stub_of(site);
+    assert!(stub3 != stub1 && stub3 != stub2);
+    assert_eq!(back, direct, "the same direct trampoline again");
+    assert!(!mapped(stub1) && !mapped(stub2), "stubs no site uses are unmapped after the grace period");
+    assert!(mapped(stub3));
+    assert_eq!(tracee_two(5, 6), 5006);
+    assert_eq!(count_of(&a), 3);
+    ftrace().unregister(&a).unwrap();
+    assert_ne!(read_text(site, 1)[0], 0xe9, "the NOP is back");
+    assert!(!mapped(stub3));
+    assert_eq!(tracee_two(7, 8), 7008);
+    assert_eq!(count_of(&a), 3);
+}
