@@ -17,8 +17,17 @@ pub const NO_ID: u32 = u32::MAX;
 /// The published table.
 pub struct IdTable {
     shift: u32,
-    keys: Box<[usize]>,
-    ids: Box<[u32]>,
+    mask: usize,
+    /// Key and id side by side: a probe touches one cache line.
+    entries: Box<[Entry]>,
+}
+
+/// One slot of an [`IdTable`] (key 0: empty).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Entry {
+    key: usize,
+    id: u32,
 }
 
 #[inline(always)]
@@ -31,32 +40,36 @@ impl IdTable {
     pub fn new(entries: &[(usize, u32)]) -> IdTable {
         let size = (entries.len() * 2).next_power_of_two().max(16);
         let shift = 64 - size.trailing_zeros();
-        let mut keys = vec![0usize; size].into_boxed_slice();
-        let mut ids = vec![NO_ID; size].into_boxed_slice();
+        let mut slots = vec![Entry { key: 0, id: NO_ID }; size].into_boxed_slice();
         for &(a, id) in entries {
             let mut i = hash(a, shift);
-            while keys[i] != 0 && keys[i] != a {
+            while slots[i].key != 0 && slots[i].key != a {
                 i = (i + 1) & (size - 1);
             }
-            keys[i] = a;
-            ids[i] = id;
+            slots[i] = Entry { key: a, id };
         }
-        IdTable { shift, keys, ids }
+        IdTable {
+            shift,
+            mask: size - 1,
+            entries: slots,
+        }
     }
 
     #[inline(always)]
     pub fn get(&self, addr: usize) -> Option<u32> {
-        let mask = self.keys.len() - 1;
+        let base = self.entries.as_ptr();
         let mut i = hash(addr, self.shift);
         loop {
-            let k = *self.keys.get(i)?;
-            if k == addr {
-                return self.ids.get(i).copied();
+            // SAFETY: `shift` makes the hash smaller than the table's size
+            // (a power of two, `mask + 1`), and `i` stays masked below it.
+            let e = unsafe { &*base.add(i) };
+            if e.key == addr {
+                return Some(e.id);
             }
-            if k == 0 {
+            if e.key == 0 {
                 return None;
             }
-            i = (i + 1) & mask;
+            i = (i + 1) & self.mask;
         }
     }
 }
@@ -86,6 +99,19 @@ pub fn lookup(addr: usize) -> u32 {
         }
     }
     overflow(addr)
+}
+
+/// [`lookup`] in the published table only, [`NO_ID`] when the site is not
+/// there (the caller falls back to [`lookup`]): no call, for the tracer's
+/// fast paths.
+#[inline(always)]
+pub fn lookup_published(addr: usize) -> u32 {
+    let t = TABLE.load(Acquire);
+    if t.is_null() {
+        return NO_ID;
+    }
+    // SAFETY: as in `lookup`.
+    unsafe { &*t }.get(addr).unwrap_or(NO_ID)
 }
 
 const OV_SIZE: usize = 4096;

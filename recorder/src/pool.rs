@@ -408,6 +408,16 @@ pub fn local_cached(task_var: Option<&Cell<u64>>) -> &'static Local {
     l
 }
 
+/// The [`Local`] the recorder's fgraph task variable holds, if it holds
+/// one yet (see [`local_cached`]); no thread-local lookup, no call.
+#[inline(always)]
+pub fn local_if_cached(task_var: Option<&Cell<u64>>) -> Option<&'static Local> {
+    let p = task_var?.get();
+    // SAFETY: as in `local_cached`: a non-zero value is the address of this
+    // thread's Local.
+    (p != 0).then(|| unsafe { &*(p as *const Local) })
+}
+
 struct SlotGuard;
 
 impl Drop for SlotGuard {
@@ -458,27 +468,38 @@ impl Local {
     /// Appends one ENTRY/EXIT word (`base` = the word with delta 0) at `now`.
     #[inline(always)]
     pub fn emit(&self, base: u64, now: u64) {
-        let p = self.cur.get();
-        if !p.is_null() {
-            // SAFETY: `cur` only ever points into SLOTS.
-            let slot = unsafe { &*p };
-            let pos = slot.pos.load(Relaxed);
-            let delta = now.wrapping_sub(slot.prev.load(Relaxed));
-            if pos < slot.cap.load(Relaxed) && delta <= u32::MAX as u64 {
-                // SAFETY: pos < cap, the payload words of the buffer this
-                // thread owns.
-                unsafe {
-                    slot.words
-                        .load(Relaxed)
-                        .add(pos as usize)
-                        .write(base | delta << 32)
-                };
-                slot.prev.store(now, Relaxed);
-                slot.pos.store(pos + 1, Release);
-                return;
-            }
+        if !self.try_emit(base, now) {
+            emit_slow(self, base, now)
         }
-        emit_slow(self, base, now)
+    }
+
+    /// [`Local::emit`] when the buffer has room and the delta fits the
+    /// word: false (nothing done) otherwise.  No calls: the tracer's fast
+    /// paths stay leaf functions.
+    #[inline(always)]
+    pub fn try_emit(&self, base: u64, now: u64) -> bool {
+        let p = self.cur.get();
+        if p.is_null() {
+            return false;
+        }
+        // SAFETY: `cur` only ever points into SLOTS.
+        let slot = unsafe { &*p };
+        let pos = slot.pos.load(Relaxed);
+        let delta = now.wrapping_sub(slot.prev.load(Relaxed));
+        if pos >= slot.cap.load(Relaxed) || delta > u32::MAX as u64 {
+            return false;
+        }
+        // SAFETY: pos < cap, the payload words of the buffer this thread
+        // owns.
+        unsafe {
+            slot.words
+                .load(Relaxed)
+                .add(pos as usize)
+                .write(base | delta << 32)
+        };
+        slot.prev.store(now, Relaxed);
+        slot.pos.store(pos + 1, Release);
+        true
     }
 
     /// Counts `n` events lost on this thread (e.g. no function id).

@@ -81,11 +81,10 @@ fn start_with(opts: Options) -> Result<(), String> {
     let opts = OPTIONS.get_or_init(|| opts);
     let c = clock::clock();
     let ticks_per_ns = c.ticks_per_sec as f64 / 1e9;
-    tracer::MIN_TICKS.store(
+    tracer::configure(
+        opts.depth,
         (opts.min_duration_ns as f64 * ticks_per_ns).ceil() as u64,
-        Relaxed,
     );
-    tracer::MAX_DEPTH.store(opts.depth, Relaxed);
     let pid = std::process::id();
     open_image(pid, None)?;
 

@@ -9,9 +9,16 @@
 //! own ENTRY (original times) and its EXIT.  Written frames always form the
 //! bottom of the stack (writing a frame writes its ancestors), so one
 //! per-thread counter (`written`) says which are written.
+//!
+//! function_graph's common case has a fast path per callback, a leaf
+//! function without calls (so no registers to save): no depth limit or
+//! minimum duration in the way ([`FAST_DEPTH`]), the thread's [`Local`]
+//! cached in the fgraph task variable (no thread-local lookup), the site
+//! in the published id table, no frames to close as unwound, and room in
+//! the buffer.  Anything else goes to the general path, out of line.
 
-use crate::ids::{lookup, NO_ID};
-use crate::pool::{emit, local_cached, lose, Local, DEPTH_SLOTS};
+use crate::ids::{lookup, lookup_published, NO_ID};
+use crate::pool::{emit, local_cached, local_if_cached, lose, Local, DEPTH_SLOTS};
 use ftramp_runtime::clock::ticks;
 use ftramp_runtime::fgraph::{Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::ops::Ops;
@@ -23,6 +30,39 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 pub static MAX_DEPTH: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// Minimum duration in ticks (0: record every call).
 pub static MIN_TICKS: AtomicU64 = AtomicU64::new(0);
+/// Calls at depths below this may take the fast paths: the depth limit
+/// capped at [`DEPTH_SLOTS`] when there is no minimum duration and the
+/// fast paths' clock read is [`ticks`]'s; 0 (never) otherwise.
+pub static FAST_DEPTH: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the depth limit and the minimum duration (before registering).
+pub fn configure(max_depth: usize, min_ticks: u64) {
+    MAX_DEPTH.store(max_depth, Relaxed);
+    MIN_TICKS.store(min_ticks, Relaxed);
+    let clock_ok = !cfg!(target_arch = "x86_64")
+        || ftramp_runtime::clock::clock().kind == ftramp_runtime::clock::ClockKind::Tsc;
+    let fast = if min_ticks == 0 && clock_ok {
+        max_depth.min(DEPTH_SLOTS)
+    } else {
+        0
+    };
+    FAST_DEPTH.store(fast, Relaxed);
+}
+
+/// [`ticks`] without its clock-kind test (x86_64: the fast paths run only
+/// when the clock is the TSC, see [`configure`]).
+#[inline(always)]
+fn fast_ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: rdtsc has no memory effects; every x86_64 CPU has it.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        ticks()
+    }
+}
 
 /// Closes, as unwound, the calls fgraph dropped since the last event: more
 /// open than the `depth` of the event now (see [`Local::open`]).
@@ -36,7 +76,28 @@ fn unwound_above(l: &Local, depth: usize, now: u64) {
     }
 }
 
-pub extern "C" fn graph_entry(ent: &GraphEnt, user: &Fgraph, _regs: &mut FtraceRegs) -> bool {
+pub extern "C" fn graph_entry(ent: &GraphEnt, user: &Fgraph, regs: &mut FtraceRegs) -> bool {
+    let d = ent.depth;
+    if d < FAST_DEPTH.load(Relaxed) {
+        if let Some(l) = local_if_cached(ent.task_var(user)) {
+            if l.open.get() <= d {
+                let id = lookup_published(ent.func);
+                if id != NO_ID && l.try_emit(Event::entry(id, 0), fast_ticks()) {
+                    // SAFETY: d < FAST_DEPTH <= DEPTH_SLOTS, the length of `ids`.
+                    unsafe { l.ids.get_unchecked(d) }.set(id);
+                    l.open.set(d + 1);
+                    return true;
+                }
+            }
+        }
+    }
+    graph_entry_slow(ent, user, regs)
+}
+
+/// [`graph_entry`] in every case.
+#[cold]
+#[inline(never)]
+fn graph_entry_slow(ent: &GraphEnt, user: &Fgraph, _regs: &mut FtraceRegs) -> bool {
     let d = ent.depth;
     if d >= MAX_DEPTH.load(Relaxed) {
         return false;
@@ -69,7 +130,27 @@ pub extern "C" fn graph_entry(ent: &GraphEnt, user: &Fgraph, _regs: &mut FtraceR
     true
 }
 
-pub extern "C" fn graph_return(ret: &GraphRet, user: &Fgraph, _regs: &mut FtraceRegs) {
+pub extern "C" fn graph_return(ret: &GraphRet, user: &Fgraph, regs: &mut FtraceRegs) {
+    let d = ret.depth;
+    if d < FAST_DEPTH.load(Relaxed) {
+        if let Some(l) = local_if_cached(ret.task_var(user)) {
+            if l.open.get() <= d + 1 {
+                // SAFETY: d < FAST_DEPTH <= DEPTH_SLOTS, the length of `ids`.
+                let id = unsafe { l.ids.get_unchecked(d) }.get();
+                if l.try_emit(Event::exit(id, 0), fast_ticks()) {
+                    l.open.set(d);
+                    return;
+                }
+            }
+        }
+    }
+    graph_return_slow(ret, user, regs)
+}
+
+/// [`graph_return`] in every case.
+#[cold]
+#[inline(never)]
+fn graph_return_slow(ret: &GraphRet, user: &Fgraph, _regs: &mut FtraceRegs) {
     let now = ticks();
     let d = ret.depth;
     let l = local_cached(ret.task_var(user));
