@@ -101,17 +101,17 @@ pub fn lookup(addr: usize) -> u32 {
     overflow(addr)
 }
 
-/// [`lookup`] in the published table only, [`NO_ID`] when the site is not
+/// [`lookup`] in the published table only, None when the site is not
 /// there (the caller falls back to [`lookup`]): no call, for the tracer's
 /// fast paths.
 #[inline(always)]
-pub fn lookup_published(addr: usize) -> u32 {
+pub fn lookup_published(addr: usize) -> Option<u32> {
     let t = TABLE.load(Acquire);
     if t.is_null() {
-        return NO_ID;
+        return None;
     }
     // SAFETY: as in `lookup`.
-    unsafe { &*t }.get(addr).unwrap_or(NO_ID)
+    unsafe { &*t }.get(addr)
 }
 
 const OV_SIZE: usize = 4096;

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! A thread owns one buffer at a time and appends to it with plain stores
-//! (its [`Slot`]'s `pos` is published with a release store, so a crash
+//! (its [`Slot`]'s write pointer is published with a release store, so a crash
 //! flush on another thread sees only complete events).  When it is full
 //! the thread writes the chunk header in front of the payload, marks the
 //! buffer FULL with a ticket (handoff order) and takes a FREE one; the
@@ -26,7 +26,7 @@
 
 use ftramp_trace::format::{ChunkHeader, Event, CHUNK_HEADER_SIZE};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, Ordering::*};
 
 /// Threads recorded at once (a thread's slot is reused after it exits).
 pub const MAX_THREADS: usize = 4096;
@@ -222,10 +222,11 @@ pub fn gettid() -> u32 {
 /// with relaxed atomics (plain stores), flushes on other threads read them.
 #[repr(C, align(64))]
 pub struct Slot {
-    /// Committed events in the current buffer.
-    pos: AtomicU32,
-    /// Words the current buffer holds (0: none).
-    cap: AtomicU32,
+    /// Where the next event goes: `words` + the committed events.
+    wp: AtomicPtr<u64>,
+    /// `words` + the words the current buffer holds (`words`: no room).
+    end: AtomicPtr<u64>,
+    /// The current buffer's payload (null: none).
     words: AtomicPtr<u64>,
     /// Ticks of the last event written.
     prev: AtomicU64,
@@ -246,8 +247,8 @@ pub struct Slot {
 impl Slot {
     const fn new() -> Slot {
         Slot {
-            pos: AtomicU32::new(0),
-            cap: AtomicU32::new(0),
+            wp: AtomicPtr::new(std::ptr::null_mut()),
+            end: AtomicPtr::new(std::ptr::null_mut()),
             words: AtomicPtr::new(std::ptr::null_mut()),
             prev: AtomicU64::new(0),
             buf: AtomicU32::new(NO_BUF),
@@ -262,9 +263,33 @@ impl Slot {
         }
     }
 
+    /// Committed events in the current buffer.
+    fn pos(&self, order: Ordering) -> u32 {
+        let wp = self.wp.load(order) as usize;
+        (wp.wrapping_sub(self.words.load(Relaxed) as usize) / 8) as u32
+    }
+
+    /// Sets the committed events (after `words`).
+    fn set_pos(&self, pos: u32, order: Ordering) {
+        let w = self.words.load(Relaxed);
+        self.wp.store(w.wrapping_add(pos as usize), order);
+    }
+
+    /// Words the current buffer holds (0: none, or no room any more).
+    fn cap(&self) -> u32 {
+        let end = self.end.load(Relaxed) as usize;
+        (end.wrapping_sub(self.words.load(Relaxed) as usize) / 8) as u32
+    }
+
+    /// Sets the words the current buffer holds (after `words`).
+    fn set_cap(&self, cap: u32, order: Ordering) {
+        let w = self.words.load(Relaxed);
+        self.end.store(w.wrapping_add(cap as usize), order);
+    }
+
     fn clear(&self) {
-        self.cap.store(0, Relaxed);
-        self.pos.store(0, Relaxed);
+        self.end.store(std::ptr::null_mut(), Relaxed);
+        self.wp.store(std::ptr::null_mut(), Relaxed);
         self.words.store(std::ptr::null_mut(), Relaxed);
         self.buf.store(NO_BUF, Relaxed);
         self.seq.store(0, Relaxed);
@@ -280,7 +305,7 @@ impl Slot {
         self.words.store(words, Relaxed);
         self.start.store(now, Relaxed);
         self.prev.store(now, Relaxed);
-        self.pos.store(0, Release);
+        self.set_pos(0, Release);
         let lost = self.lost_pending.swap(0, Relaxed);
         let mut cap = pool.payload_words();
         if lost > u32::MAX as u64 {
@@ -291,13 +316,13 @@ impl Slot {
                 words.write(a);
                 words.add(1).write(b);
             }
-            self.pos.store(2, Release);
+            self.set_pos(2, Release);
             self.chunk_lost.store(u32::MAX as u64, Relaxed);
         } else {
             self.chunk_lost.store(lost, Relaxed);
         }
         cap = cap.max(2);
-        self.cap.store(cap, Relaxed);
+        self.set_cap(cap, Relaxed);
     }
 
     /// Writes the chunk header into the current buffer; returns its index.
@@ -310,7 +335,7 @@ impl Slot {
             flags,
             tid: self.tid.load(Relaxed),
             seq: self.seq.fetch_add(1, Relaxed),
-            len: self.pos.load(Acquire) * 8,
+            len: self.pos(Acquire) * 8,
             lost: self.chunk_lost.load(Relaxed).min(u32::MAX as u64) as u32,
             time: self.start.load(Relaxed),
         }
@@ -325,9 +350,10 @@ impl Slot {
     /// Hands the current buffer to the writer (FULL, in ticket order).
     fn hand_off(&self, pool: &Pool, flags: u16) {
         if let Some(b) = self.seal(pool, flags) {
-            self.cap.store(0, Relaxed);
             self.buf.store(NO_BUF, Relaxed);
             self.words.store(std::ptr::null_mut(), Relaxed);
+            self.end.store(std::ptr::null_mut(), Relaxed);
+            self.wp.store(std::ptr::null_mut(), Relaxed);
             let t = TICKET.fetch_add(1, Relaxed);
             pool.states[b].store(FULL | t << 2, Release);
         }
@@ -484,21 +510,18 @@ impl Local {
         }
         // SAFETY: `cur` only ever points into SLOTS.
         let slot = unsafe { &*p };
-        let pos = slot.pos.load(Relaxed);
-        let delta = now.wrapping_sub(slot.prev.load(Relaxed));
-        if pos >= slot.cap.load(Relaxed) || delta > u32::MAX as u64 {
+        let wp = slot.wp.load(Relaxed);
+        if wp >= slot.end.load(Relaxed) {
             return false;
         }
-        // SAFETY: pos < cap, the payload words of the buffer this thread
-        // owns.
-        unsafe {
-            slot.words
-                .load(Relaxed)
-                .add(pos as usize)
-                .write(base | delta << 32)
-        };
+        let delta = now.wrapping_sub(slot.prev.load(Relaxed));
+        if delta > u32::MAX as u64 {
+            return false;
+        }
+        // SAFETY: wp < end, a payload word of the buffer this thread owns.
+        unsafe { wp.write(base | delta << 32) };
         slot.prev.store(now, Relaxed);
-        slot.pos.store(pos + 1, Release);
+        slot.wp.store(wp.wrapping_add(1), Release);
         true
     }
 
@@ -554,7 +577,7 @@ fn emit_slow(local: &Local, base: u64, now: u64) {
     }
     let delta = now.wrapping_sub(slot.prev.load(Relaxed));
     let need = if delta <= u32::MAX as u64 { 1 } else { 3 };
-    if slot.buf.load(Relaxed) != NO_BUF && slot.pos.load(Relaxed) + need > slot.cap.load(Relaxed) {
+    if slot.buf.load(Relaxed) != NO_BUF && slot.pos(Relaxed) + need > slot.cap() {
         slot.hand_off(pool, 0);
     }
     if slot.buf.load(Relaxed) == NO_BUF {
@@ -568,7 +591,7 @@ fn emit_slow(local: &Local, base: u64, now: u64) {
         }
     }
     let words = slot.words.load(Relaxed);
-    let mut pos = slot.pos.load(Relaxed) as usize;
+    let mut pos = slot.pos(Relaxed) as usize;
     let delta = now.wrapping_sub(slot.prev.load(Relaxed));
     let w = if delta <= u32::MAX as u64 {
         base | delta << 32
@@ -583,7 +606,7 @@ fn emit_slow(local: &Local, base: u64, now: u64) {
     // SAFETY: as above.
     unsafe { words.add(pos).write(w) };
     slot.prev.store(now, Relaxed);
-    slot.pos.store(pos as u32 + 1, Release);
+    slot.set_pos(pos as u32 + 1, Release);
     slot.busy.store(IDLE, Release);
 }
 
@@ -660,7 +683,7 @@ pub fn flush_all(fd: i32) {
         if !claimed {
             continue;
         }
-        slot.cap.store(0, SeqCst);
+        slot.set_cap(0, SeqCst);
         if slot.buf.load(Relaxed) == NO_BUF {
             // No buffer (it ran out): a header-only chunk carries its losses.
             let lost = slot.lost_pending.swap(0, Relaxed);
@@ -685,7 +708,7 @@ pub fn flush_all(fd: i32) {
             // The same buffer, emptied (events after this point go into it
             // if the process goes on).
             slot.take(pool, b, ftramp_runtime::clock::ticks());
-            slot.cap.store(0, SeqCst);
+            slot.set_cap(0, SeqCst);
         }
     }
     while pool.write_one(fd) {}
@@ -697,7 +720,7 @@ pub fn reopen() {
     STOPPED.store(false, SeqCst);
     for slot in SLOTS.iter().filter(|s| s.in_use.load(Acquire) != 0) {
         if slot.buf.load(Relaxed) != NO_BUF {
-            slot.cap.store(pool.payload_words(), Relaxed);
+            slot.set_cap(pool.payload_words(), Relaxed);
         }
         let _ = slot.busy.compare_exchange(CLOSED, IDLE, Release, Relaxed);
     }

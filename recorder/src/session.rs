@@ -384,7 +384,7 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
                 Filter::new()
             };
             let user = Arc::new(
-                Fgraph::new(tracer::graph_entry, tracer::graph_return)
+                tracer::graph_user()
                     .filter(f)
                     .skip_timestamp(true),
             );

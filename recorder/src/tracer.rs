@@ -32,8 +32,16 @@ pub static MAX_DEPTH: AtomicUsize = AtomicUsize::new(usize::MAX);
 pub static MIN_TICKS: AtomicU64 = AtomicU64::new(0);
 /// Calls at depths below this may take the fast paths: the depth limit
 /// capped at [`DEPTH_SLOTS`] when there is no minimum duration and the
-/// fast paths' clock read is [`ticks`]'s; 0 (never) otherwise.
-pub static FAST_DEPTH: AtomicUsize = AtomicUsize::new(0);
+/// fast paths' clock read is [`ticks`]'s; 0 (never) otherwise.  The
+/// callbacks read it from their user's `private` word ([`graph_user`]),
+/// next to the registration words fgraph reads anyway.
+static FAST_DEPTH: AtomicUsize = AtomicUsize::new(0);
+
+/// The function_graph user: the only way the callbacks are registered, so
+/// `private` is always [`FAST_DEPTH`] (call [`configure`] before).
+pub fn graph_user() -> Fgraph {
+    Fgraph::new(graph_entry, graph_return).private(FAST_DEPTH.load(Relaxed))
+}
 
 /// Sets the depth limit and the minimum duration (before registering).
 pub fn configure(max_depth: usize, min_ticks: u64) {
@@ -76,28 +84,46 @@ fn unwound_above(l: &Local, depth: usize, now: u64) {
     }
 }
 
-pub extern "C" fn graph_entry(ent: &GraphEnt, user: &Fgraph, regs: &mut FtraceRegs) -> bool {
+extern "C" fn graph_entry(ent: &GraphEnt, user: &Fgraph, _regs: &mut FtraceRegs) -> bool {
     let d = ent.depth;
-    if d < FAST_DEPTH.load(Relaxed) {
+    if d < user.private {
         if let Some(l) = local_if_cached(ent.task_var(user)) {
             if l.open.get() <= d {
-                let id = lookup_published(ent.func);
-                if id != NO_ID && l.try_emit(Event::entry(id, 0), fast_ticks()) {
-                    // SAFETY: d < FAST_DEPTH <= DEPTH_SLOTS, the length of `ids`.
+                if let Some(id) = lookup_published(ent.func) {
+                    // SAFETY: d < user.private, which is FAST_DEPTH (only
+                    // `graph_user` registers this callback), <= DEPTH_SLOTS,
+                    // the length of `ids`.
                     unsafe { l.ids.get_unchecked(d) }.set(id);
-                    l.open.set(d + 1);
-                    return true;
+                    let (base, now) = (Event::entry(id, 0), fast_ticks());
+                    if l.try_emit(base, now) {
+                        l.open.set(d + 1);
+                        return true;
+                    }
+                    return emit_slow_then_open(l, base, now, d + 1);
                 }
             }
         }
     }
-    graph_entry_slow(ent, user, regs)
+    graph_entry_slow(ent, user)
+}
+
+/// The fast paths' event when the buffer has no room (or the delta does
+/// not fit the word): the general [`Local::emit`], then `open`; true (a
+/// tail call for both callbacks, so that they save no registers; the
+/// `black_box` keeps the compiler from returning the constant in the
+/// caller instead, after a call that is then no tail call).
+#[cold]
+#[inline(never)]
+extern "C" fn emit_slow_then_open(l: &Local, base: u64, now: u64, open: usize) -> bool {
+    l.emit(base, now);
+    l.open.set(open);
+    std::hint::black_box(true)
 }
 
 /// [`graph_entry`] in every case.
 #[cold]
 #[inline(never)]
-fn graph_entry_slow(ent: &GraphEnt, user: &Fgraph, _regs: &mut FtraceRegs) -> bool {
+extern "C" fn graph_entry_slow(ent: &GraphEnt, user: &Fgraph) -> bool {
     let d = ent.depth;
     if d >= MAX_DEPTH.load(Relaxed) {
         return false;
@@ -130,27 +156,32 @@ fn graph_entry_slow(ent: &GraphEnt, user: &Fgraph, _regs: &mut FtraceRegs) -> bo
     true
 }
 
-pub extern "C" fn graph_return(ret: &GraphRet, user: &Fgraph, regs: &mut FtraceRegs) {
+extern "C" fn graph_return(ret: &GraphRet, user: &Fgraph, _regs: &mut FtraceRegs) {
     let d = ret.depth;
-    if d < FAST_DEPTH.load(Relaxed) {
+    if d < user.private {
         if let Some(l) = local_if_cached(ret.task_var(user)) {
             if l.open.get() <= d + 1 {
-                // SAFETY: d < FAST_DEPTH <= DEPTH_SLOTS, the length of `ids`.
+                // SAFETY: d < user.private, which is FAST_DEPTH (only
+                // `graph_user` registers this callback), <= DEPTH_SLOTS,
+                // the length of `ids`.
                 let id = unsafe { l.ids.get_unchecked(d) }.get();
-                if l.try_emit(Event::exit(id, 0), fast_ticks()) {
+                let (base, now) = (Event::exit(id, 0), fast_ticks());
+                if l.try_emit(base, now) {
                     l.open.set(d);
                     return;
                 }
+                emit_slow_then_open(l, base, now, d);
+                return;
             }
         }
     }
-    graph_return_slow(ret, user, regs)
+    graph_return_slow(ret, user)
 }
 
 /// [`graph_return`] in every case.
 #[cold]
 #[inline(never)]
-fn graph_return_slow(ret: &GraphRet, user: &Fgraph, _regs: &mut FtraceRegs) {
+extern "C" fn graph_return_slow(ret: &GraphRet, user: &Fgraph) {
     let now = ticks();
     let d = ret.depth;
     let l = local_cached(ret.task_var(user));
