@@ -374,19 +374,22 @@ pub const DEPTH_SLOTS: usize = 256;
 /// callback pays for one TLS lookup (`__tls_get_addr`: this is a shared
 /// library): the thread's slot, and per call depth the function id entered
 /// there (the exit reads it instead of looking the site up again) and its
-/// entry time (deferred ENTRYs with a minimum duration).
+/// entry time (deferred ENTRYs with a minimum duration).  In this order
+/// (`repr(C)`): what every callback reads, then the ids of the shallow
+/// depths, on the same cache line.
+#[repr(C)]
 pub struct Local {
     /// This thread's slot (null until its first event).
     cur: Cell<*const Slot>,
-    pub ids: [Cell<u32>; DEPTH_SLOTS],
-    pub times: [Cell<u64>; DEPTH_SLOTS],
-    /// Minimum duration: the frames at depths below this are written.
-    pub written: Cell<usize>,
     /// function_graph without a minimum duration: calls with an ENTRY
     /// written and no EXIT yet (the fgraph depth after the last event).
     /// More than the depth of a new event means fgraph dropped frames
     /// (longjmp, exception): they get UNWOUND markers.
     pub open: Cell<usize>,
+    /// Minimum duration: the frames at depths below this are written.
+    pub written: Cell<usize>,
+    pub ids: [Cell<u32>; DEPTH_SLOTS],
+    pub times: [Cell<u64>; DEPTH_SLOTS],
 }
 
 thread_local! {
