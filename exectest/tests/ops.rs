@@ -389,3 +389,32 @@ fn x86_64_sites_jump_to_their_own_stubs_which_are_freed_when_unused() {
     assert_eq!(tracee_two(7, 8), 7008);
     assert_eq!(count_of(&a), 3);
 }
+
+/// `FTRAMP_SITE_ENTRY=call` makes the engine's x86_64 sites `call` their
+/// trampoline (no stubs); run in a child process of this test binary,
+/// since the choice is made once per process.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn ftramp_site_entry_call_makes_call_sites() {
+    const NAME: &str = "ftramp_site_entry_call_makes_call_sites";
+    let forced = std::env::var_os("FTRAMP_SITE_ENTRY").is_some_and(|v| v == "call");
+    if !forced {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads", "1"])
+            .env("FTRAMP_SITE_ENTRY", "call")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        return;
+    }
+    let _l = lock();
+    let ops = counting(Filter::new().symbol("tracee_two"));
+    ftrace().register(ops.clone()).unwrap();
+    let site = ftrace().site_dispatch().into_iter().map(|(s, _)| s).find(|s| s.addr - s.offset_in_symbol == addr!(tracee_two)).unwrap().addr;
+    let bytes = ftramp_runtime::patch::read_text(site, 5);
+    assert_eq!(bytes[0], 0xe8, "a call site: {bytes:02x?}");
+    assert_eq!(tracee_two(2, 3), 2003);
+    assert_eq!(count_of(&ops), 1);
+    ftrace().unregister(&ops).unwrap();
+}

@@ -233,9 +233,21 @@ fn count(m: &BTreeMap<String, (u64, u64)>, f: &str) -> (u64, u64) {
 
 #[test]
 fn threads_exact_counts() {
+    threads_exact_counts_with("threads", &[]);
+}
+
+/// The same with the sites forced to `call` their trampolines
+/// (`FTRAMP_SITE_ENTRY=call`; x86_64 uses stub entry by default, README
+/// "Stub entry").
+#[test]
+fn threads_exact_counts_with_call_sites() {
+    threads_exact_counts_with("threads-call", &[("FTRAMP_SITE_ENTRY", "call")]);
+}
+
+fn threads_exact_counts_with(name: &str, env: &[(&str, &str)]) {
     let b = built();
-    let dir = trace_dir("threads", "function_graph");
-    let out = record(&dir, &b.tracee, &["threads"], &[]);
+    let dir = trace_dir(name, "function_graph");
+    let out = record(&dir, &b.tracee, &["threads"], env);
     assert!(
         out.status.success(),
         "{}",

@@ -89,11 +89,17 @@ pub fn host_spec() -> &'static Spec {
 /// How the engine's sites enter their trampolines on this host: through a
 /// per-site stub where the spec sets `site.stub` (x86_64: keeps the
 /// return-stack predictor in step, codegen `program.rs` "Stub entry"),
-/// else by the site's own call.
+/// else by the site's own call.  `FTRAMP_SITE_ENTRY=call` (read once)
+/// makes stub-capable hosts use `call` sites too, for comparisons.
 pub fn site_entry() -> ftramp_codegen::SiteEntry {
-    if host_spec().raw.site.stub {
-        ftramp_codegen::SiteEntry::Stub
-    } else {
-        ftramp_codegen::SiteEntry::Call
-    }
+    use ftramp_codegen::SiteEntry;
+    static ENTRY: std::sync::OnceLock<SiteEntry> = std::sync::OnceLock::new();
+    *ENTRY.get_or_init(|| {
+        let forced_call = std::env::var_os("FTRAMP_SITE_ENTRY").is_some_and(|v| v == "call");
+        if host_spec().raw.site.stub && !forced_call {
+            SiteEntry::Stub
+        } else {
+            SiteEntry::Call
+        }
+    })
 }
