@@ -90,20 +90,53 @@ fn map_near(near: Option<usize>, size: usize, reach: u64) -> Result<usize, Runti
     Err(RuntimeError::NoMemoryInReach { near, size, reach: reach as u64 })
 }
 
+/// An anonymous mapping of ours, made read+write by [`map_near`] and
+/// unmapped when dropped.
+struct Mapping {
+    base: usize,
+    len: usize,
+}
+
+impl Mapping {
+    fn near(near: Option<usize>, len: usize, reach: u64) -> Result<Mapping, RuntimeError> {
+        Ok(Mapping { base: map_near(near, len, reach)?, len })
+    }
+
+    /// Copies `code` to the start of the still read+write mapping, then
+    /// makes its first `code_len` bytes (whole pages, `code.len() <=
+    /// code_len <= len`) read+execute and flushes them.  Once, before any
+    /// address inside is handed out.
+    fn seal_code(&self, code_len: usize, code: &[u8]) -> Result<(), RuntimeError> {
+        assert!(code.len() <= code_len && code_len <= self.len);
+        // SAFETY: [base, base+len) is our fresh read+write mapping, nothing
+        // else references it yet, and `code` fits (asserted above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), self.base as *mut u8, code.len());
+            if libc::mprotect(self.base as *mut libc::c_void, code_len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+                return Err(RuntimeError::os("mprotect"));
+            }
+        }
+        cache::flush_icache(self.base, code.len());
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping.  Its owners drop it only once nothing
+        // can run or read it: the runtime's patcher unpatches every site
+        // that reaches it and waits for a grace period first.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
 /// Generated trampolines in executable memory.
 pub struct JitImage {
-    base: usize,
+    map: Mapping,
     code_len: usize,
-    total: usize,
     image: Image,
 }
 
-// SAFETY: the mapping is owned by the JitImage; code pages are immutable
-// after `install`, and data words are only accessed through atomics.
-unsafe impl Send for JitImage {}
-// SAFETY: as above — shared access only reads code addresses or uses atomic
-// data-word operations.
-unsafe impl Sync for JitImage {}
 
 impl JitImage {
     /// Maps `image`, within `reach` bytes of `near` when given.
@@ -111,50 +144,33 @@ impl JitImage {
         let page = page_size();
         let code_len = round_up(image.code.len().max(1), page);
         let data_len = round_up(image.data_size().max(8), page);
-        let total = code_len + data_len;
-        let base = map_near(near, total, reach)?;
-        let code = match image.link(base as u64, (base + code_len) as u64) {
-            Ok(c) => c,
-            Err(e) => {
-                // SAFETY: unmapping the region we just mapped and nobody uses.
-                unsafe { libc::munmap(base as *mut libc::c_void, total) };
-                return Err(e.into());
-            }
-        };
-        // SAFETY: [base, base+total) is our fresh read+write mapping and
-        // `code.len() <= code_len`; nothing else references it yet.
-        unsafe {
-            std::ptr::copy_nonoverlapping(code.as_ptr(), base as *mut u8, code.len());
-            if libc::mprotect(base as *mut libc::c_void, code_len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
-                let err = RuntimeError::os("mprotect");
-                libc::munmap(base as *mut libc::c_void, total);
-                return Err(err);
-            }
-        }
-        cache::flush_icache(base, code.len());
-        Ok(JitImage { base, code_len, total, image })
+        let map = Mapping::near(near, code_len + data_len, reach)?;
+        let base = map.base;
+        let code = image.link(base as u64, (base + code_len) as u64)?;
+        map.seal_code(code_len, &code)?;
+        Ok(JitImage { map, code_len, image })
     }
 
     /// Address of a trampoline.
     pub fn entry(&self, v: Variant) -> Option<usize> {
-        self.image.trampoline(v).map(|t| self.base + t.entry)
+        self.image.trampoline(v).map(|t| self.map.base + t.entry)
     }
 
     /// The code pages.
     pub fn code_range(&self) -> std::ops::Range<usize> {
-        self.base..self.base + self.code_len
+        self.map.base..self.map.base + self.code_len
     }
 
     /// Start of the code.
     pub fn code_addr(&self) -> usize {
-        self.base
+        self.map.base
     }
 
     fn word_ref(&self, w: DataWord) -> Option<&AtomicU64> {
         let off = self.image.word_offset(w)?;
         // SAFETY: the word lies inside our read+write data pages, is 8-byte
         // aligned (page start + multiple of 8) and lives as long as `self`.
-        Some(unsafe { &*((self.base + self.code_len + off) as *const AtomicU64) })
+        Some(unsafe { &*((self.map.base + self.code_len + off) as *const AtomicU64) })
     }
 
     /// Sets a data word (one atomic store: trampolines read it with a
@@ -180,57 +196,30 @@ impl JitImage {
     }
 }
 
-impl Drop for JitImage {
-    fn drop(&mut self) {
-        // SAFETY: we own the mapping.  Callers must have unpatched every
-        // site that calls into it (the runtime's patcher guarantees this).
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.total) };
-    }
-}
 
 /// A block of small generated code pieces (the per-site stubs of stub
 /// entry), mapped like a [`JitImage`]'s code: written while read+write,
 /// then read+execute and flushed before anything jumps to it.  Immutable
 /// afterwards; unmapped when dropped (after a grace period, by the engine).
 pub struct CodeBlock {
-    base: usize,
-    len: usize,
+    map: Mapping,
 }
 
 impl CodeBlock {
     /// Maps `len` bytes within `reach` of `near` and fills them with
     /// `fill(base)`, the code for that address (at most `len` bytes).
     pub fn install(near: usize, reach: u64, len: usize, fill: impl FnOnce(usize) -> Result<Vec<u8>, RuntimeError>) -> Result<CodeBlock, RuntimeError> {
-        let len = round_up(len.max(1), page_size());
-        let base = map_near(Some(near), len, reach)?;
-        let block = CodeBlock { base, len };
-        let code = fill(base)?;
-        if code.len() > len {
-            return Err(RuntimeError::BadPatch { addr: base, why: format!("{} bytes of code for a {len}-byte block", code.len()) });
+        let map = Mapping::near(Some(near), round_up(len.max(1), page_size()), reach)?;
+        let code = fill(map.base)?;
+        if code.len() > map.len {
+            return Err(RuntimeError::BadPatch { addr: map.base, why: format!("{} bytes of code for a {}-byte block", code.len(), map.len) });
         }
-        // SAFETY: [base, base+len) is our fresh read+write mapping (owned by
-        // `block`, unmapped by its Drop on every error path below) and
-        // `code.len() <= len`; nothing references it yet.
-        unsafe {
-            std::ptr::copy_nonoverlapping(code.as_ptr(), base as *mut u8, code.len());
-            if libc::mprotect(base as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
-                return Err(RuntimeError::os("mprotect"));
-            }
-        }
-        cache::flush_icache(base, code.len());
-        Ok(block)
+        map.seal_code(map.len, &code)?;
+        Ok(CodeBlock { map })
     }
 
     /// The mapped range.
     pub fn range(&self) -> std::ops::Range<usize> {
-        self.base..self.base + self.len
-    }
-}
-
-impl Drop for CodeBlock {
-    fn drop(&mut self) {
-        // SAFETY: we own the mapping; the engine drops a block only after
-        // a grace period shows no thread runs in it and no site jumps to it.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+        self.map.base..self.map.base + self.map.len
     }
 }

@@ -538,17 +538,15 @@ impl State {
             let mut changes = Vec::new();
             for (addr, _, target) in &changed {
                 let st = &self.sites[addr];
-                let current = match (&st.stub, st.current.addr) {
-                    (_, 0) => st.nop.clone(),
-                    (Some(stub), _) => backend.site_jump(*addr as u64, stub.at as u64)?,
-                    (None, a) => backend.site_call(*addr as u64, a as u64)?,
+                // What a site holds for a trampoline (0: none) and its stub, if any.
+                let bytes = |tramp: usize, stub: Option<&SiteStub>| -> Result<Vec<u8>, RuntimeError> {
+                    Ok(match (tramp, stub) {
+                        (0, _) => st.nop.clone(),
+                        (_, Some(stub)) => backend.site_jump(*addr as u64, stub.at as u64)?,
+                        (t, None) => backend.site_call(*addr as u64, t as u64)?,
+                    })
                 };
-                let new = match (stubs.get(addr), target.addr) {
-                    (_, 0) => st.nop.clone(),
-                    (Some(stub), _) => backend.site_jump(*addr as u64, stub.at as u64)?,
-                    (None, a) => backend.site_call(*addr as u64, a as u64)?,
-                };
-                changes.push(SiteChange::new(*addr, current, new));
+                changes.push(SiteChange::new(*addr, bytes(st.current.addr, st.stub.as_ref())?, bytes(target.addr, stubs.get(addr))?));
             }
             if !changes.is_empty() {
                 let report = Patcher::apply(&changes)?;
