@@ -120,8 +120,6 @@ pub extern "C" fn list_func(ip: usize, parent_ip: usize, _op: usize, fregs: &mut
 
 #[cfg(test)]
 mod tests {
-    use object::{Object, ObjectSymbol};
-
     /// The thunks whose whole code must lie within THUNK_CODE bytes (a
     /// thread after their guard's decrement still returns into a
     /// trampoline): measured from this test binary's symbol table, in the
@@ -130,6 +128,7 @@ mod tests {
     #[cfg(debug_assertions)]
     #[test]
     fn thunks_fit_in_their_dispatch_code_range() {
+        use object::{Object, ObjectSymbol};
         // Referencing them keeps them in the binary.
         assert_eq!(super::thunk_prologues().len(), 4);
         let exe = std::fs::read("/proc/self/exe").unwrap();
