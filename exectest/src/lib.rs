@@ -32,3 +32,43 @@ pub fn expect_nested(n: i64) -> i64 {
         expect_nested(n - 1) * 2 + n
     }
 }
+
+/// `dlopen`/`dlsym`/`dlclose` of a test library (built by build.rs).
+pub struct Lib(*mut libc::c_void);
+
+impl Lib {
+    pub fn open(path: impl AsRef<std::path::Path>) -> Lib {
+        let path = path.as_ref().to_str().unwrap();
+        let c = std::ffi::CString::new(path).unwrap();
+        // SAFETY: dlopen of a library built by build.rs (its constructors
+        // are the C runtime's).
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null(), "dlopen {path} failed");
+        Lib(h)
+    }
+
+    pub fn sym(&self, name: &str) -> usize {
+        let c = std::ffi::CString::new(name).unwrap();
+        // SAFETY: `self.0` is a live handle.
+        let p = unsafe { libc::dlsym(self.0, c.as_ptr()) };
+        assert!(!p.is_null(), "dlsym {name}");
+        p as usize
+    }
+
+    /// A function of the library taking and returning a long (all the
+    /// test libraries' functions do).  Valid until [`Lib::close`].
+    pub fn func(&self, name: &str) -> extern "C" fn(i64) -> i64 {
+        // SAFETY: the test libraries' functions all take and return a long.
+        unsafe { std::mem::transmute::<usize, extern "C" fn(i64) -> i64>(self.sym(name)) }
+    }
+
+    pub fn call(&self, name: &str, a: i64) -> i64 {
+        self.func(name)(a)
+    }
+
+    pub fn close(self) {
+        // SAFETY: `self.0` is a live handle, closed once; callers use
+        // nothing of the library afterwards.
+        assert_eq!(unsafe { libc::dlclose(self.0) }, 0);
+    }
+}

@@ -668,12 +668,8 @@ fn users_with_globs_trace_libraries_loaded_later() {
         for (u, _) in &all {
             fgraph::register_fgraph(u.clone()).unwrap();
         }
-        let path = std::ffi::CString::new(env!("FTRAMP_SITES_DL_SO")).unwrap();
-        // SAFETY: a library built by build.rs, without constructors of note.
-        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        assert!(!h.is_null());
-        // SAFETY: the symbol exists in that library with this signature.
-        let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(libc::dlsym(h, c"sites_dl_tracee".as_ptr())) };
+        let lib = Lib::open(env!("FTRAMP_SITES_DL_SO"));
+        let f = lib.func("sites_dl_tracee");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let before: Vec<u64> = all.iter().map(|(_, s)| s.entries.load(SeqCst)).collect();
@@ -688,7 +684,6 @@ fn users_with_globs_trace_libraries_loaded_later() {
             fgraph::unregister_fgraph(u).unwrap();
             assert_eq!(s.entries.load(SeqCst), s.rets.load(SeqCst));
         }
-        // SAFETY: nothing of the library is used after this.
-        assert_eq!(unsafe { libc::dlclose(h) }, 0);
+        lib.close();
     }
 }

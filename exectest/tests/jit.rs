@@ -310,14 +310,18 @@ fn setting_the_ip_redirects_the_call(entry: SiteEntry) {
     }
 }
 
+/// Hijacked calls entered through `ftrace_call_through`, counted by the
+/// probe of [`count_call_throughs`] while [`COUNTING_CALL_THROUGHS`].
+static CALL_THROUGHS: AtomicU64 = AtomicU64::new(0);
+static COUNTING_CALL_THROUGHS: AtomicBool = AtomicBool::new(false);
+
 /// x86_64 stub entry: a probe put in front of `ftrace_call_through` (the
 /// `GraphCall` word) that counts the hijacked calls entered through it,
 /// then goes on to the real one.
 #[cfg(target_arch = "x86_64")]
 fn count_call_throughs(jit: &JitImage) -> CodeBlock {
-    static COUNTER_NEAR: AtomicU64 = AtomicU64::new(0);
     let real = jit.word(DataWord::GraphCall).unwrap() as u64;
-    let counter = &raw const COUNTER_NEAR as usize;
+    let counter = &raw const CALL_THROUGHS as usize;
     let probe = CodeBlock::install(counter, 1 << 28, 22, |at| {
         // lock inc qword [rip + counter] ; jmp [rip] ; .quad real
         let rel = (counter as i64 - (at as i64 + 8)) as i32;
@@ -328,25 +332,20 @@ fn count_call_throughs(jit: &JitImage) -> CodeBlock {
         Ok(c)
     })
     .unwrap();
-    COUNTER_NEAR.store(0, SeqCst);
+    CALL_THROUGHS.store(0, SeqCst);
     assert!(jit.set_word(DataWord::GraphCall, probe.range().start));
-    CALL_THROUGHS.store(&raw const COUNTER_NEAR as usize, SeqCst);
+    COUNTING_CALL_THROUGHS.store(true, SeqCst);
     probe
 }
 
-/// Where [`count_call_throughs`] counts (0: not counting).
-static CALL_THROUGHS: AtomicUsize = AtomicUsize::new(0);
-
 fn call_throughs() -> Option<u64> {
-    let p = CALL_THROUGHS.load(SeqCst);
-    // SAFETY: a non-zero value is the address of a static AtomicU64.
-    (p != 0).then(|| unsafe { &*(p as *const AtomicU64) }.load(SeqCst))
+    COUNTING_CALL_THROUGHS.load(SeqCst).then(|| CALL_THROUGHS.load(SeqCst))
 }
 
 fn returns_go_through_return_to_handler(entry: SiteEntry) {
     let fx = fixture(entry);
     HIJACK.store(true, SeqCst);
-    CALL_THROUGHS.store(0, SeqCst);
+    COUNTING_CALL_THROUGHS.store(false, SeqCst);
     #[cfg(target_arch = "x86_64")]
     let _probe = (entry == SiteEntry::Stub).then(|| count_call_throughs(&fx.jit));
     let mut hijacked = 0;

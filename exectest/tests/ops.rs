@@ -51,13 +51,23 @@ fn counting(filter: Filter) -> Arc<Ops> {
     Arc::new(Ops::new(count).filter(filter).private(new_counter()))
 }
 
-fn dispatch_of(f: usize) -> SiteDispatch {
+/// The engine's site of function `f` and what it does now.
+fn site_and_dispatch(f: usize) -> (ftramp_runtime::Site, SiteDispatch) {
     ftrace()
         .site_dispatch()
         .into_iter()
         .find(|(s, _)| s.addr - s.offset_in_symbol == f || s.addr == f)
-        .map(|(_, d)| d)
         .unwrap_or_else(|| panic!("no site for {f:#x}"))
+}
+
+fn dispatch_of(f: usize) -> SiteDispatch {
+    site_and_dispatch(f).1
+}
+
+/// The address of function `f`'s patch site.
+#[cfg(target_arch = "x86_64")]
+fn site_addr_of(f: usize) -> usize {
+    site_and_dispatch(f).0.addr
 }
 
 #[test]
@@ -271,14 +281,10 @@ fn stress_register_unregister_while_threads_call() {
 #[test]
 fn ops_follow_dlopen_and_dlclose() {
     let _l = lock();
-    let path = std::ffi::CString::new(env!("FTRAMP_SITES_DL_SO")).unwrap();
     let ops = counting(Filter::new().glob("sites_dl_*").unwrap());
     for round in 0..3 {
-        // SAFETY: a library built by build.rs, without constructors of note.
-        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        assert!(!h.is_null());
-        // SAFETY: the symbol exists in that library with this signature.
-        let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(libc::dlsym(h, c"sites_dl_tracee".as_ptr())) };
+        let lib = Lib::open(env!("FTRAMP_SITES_DL_SO"));
+        let f = lib.func("sites_dl_tracee");
         if round == 0 {
             ftrace().register(ops.clone()).unwrap();
         } else {
@@ -287,8 +293,7 @@ fn ops_follow_dlopen_and_dlclose() {
         let before = count_of(&ops);
         assert_eq!(f(5), 38);
         assert_eq!(count_of(&ops), before + 1, "round {round}: the new module's site is traced");
-        // SAFETY: nothing of the library is used after this.
-        assert_eq!(unsafe { libc::dlclose(h) }, 0);
+        lib.close();
         ftrace().refresh().unwrap();
     }
     // Sites of the closed library are gone; nothing else is traced by it.
@@ -305,12 +310,8 @@ fn dlopened_libraries_are_traced_without_a_refresh() {
     ftrace().register(keep.clone()).unwrap();
     let ops = counting(Filter::new().glob("sites_dl_*").unwrap().symbol("tracee_two"));
     ftrace().register(ops.clone()).unwrap();
-    let path = std::ffi::CString::new(env!("FTRAMP_SITES_DL_SO")).unwrap();
-    // SAFETY: a library built by build.rs.
-    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    assert!(!h.is_null());
-    // SAFETY: the symbol exists with this signature.
-    let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(libc::dlsym(h, c"sites_dl_tracee".as_ptr())) };
+    let lib = Lib::open(env!("FTRAMP_SITES_DL_SO"));
+    let f = lib.func("sites_dl_tracee");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let before = count_of(&ops);
@@ -321,8 +322,7 @@ fn dlopened_libraries_are_traced_without_a_refresh() {
         assert!(std::time::Instant::now() < deadline, "the new library was never traced");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    // SAFETY: nothing of the library is used after this.
-    assert_eq!(unsafe { libc::dlclose(h) }, 0);
+    lib.close();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while ftrace().site_dispatch().iter().any(|(s, _)| s.symbol.as_deref().unwrap_or("").starts_with("sites_dl_")) {
         assert!(std::time::Instant::now() < deadline, "the closed library's sites were never dropped");
@@ -342,9 +342,6 @@ fn dlopened_libraries_are_traced_without_a_refresh() {
 fn x86_64_sites_jump_to_their_own_stubs_which_are_freed_when_unused() {
     use ftramp_runtime::patch::read_text;
     let _l = lock();
-    let site_of = |f: usize| {
-        ftrace().site_dispatch().into_iter().map(|(s, _)| s).find(|s| s.addr - s.offset_in_symbol == f || s.addr == f).map(|s| s.addr).unwrap()
-    };
     let rel = |b: &[u8], at: usize| at.wrapping_add_signed(i32::from_le_bytes(b[..4].try_into().unwrap()) as isize);
     // The stub a site jumps to, checked: lea r11, [site+5]; push r11; jmp trampoline.
     let stub_of = |site: usize| -> (usize, usize) {
@@ -366,7 +363,7 @@ fn x86_64_sites_jump_to_their_own_stubs_which_are_freed_when_unused() {
     let a = counting(Filter::new().symbol("tracee_two"));
     let b = counting(Filter::new().symbol("tracee_two"));
     ftrace().register(a.clone()).unwrap();
-    let site = site_of(addr!(tracee_two));
+    let site = site_addr_of(addr!(tracee_two));
     let (stub1, direct) = stub_of(site);
     assert_eq!(tracee_two(1, 2), 1002);
     ftrace().register(b.clone()).unwrap();
@@ -411,7 +408,7 @@ fn ftramp_site_entry_call_makes_call_sites() {
     let _l = lock();
     let ops = counting(Filter::new().symbol("tracee_two"));
     ftrace().register(ops.clone()).unwrap();
-    let site = ftrace().site_dispatch().into_iter().map(|(s, _)| s).find(|s| s.addr - s.offset_in_symbol == addr!(tracee_two)).unwrap().addr;
+    let site = site_addr_of(addr!(tracee_two));
     let bytes = ftramp_runtime::patch::read_text(site, 5);
     assert_eq!(bytes[0], 0xe8, "a call site: {bytes:02x?}");
     assert_eq!(tracee_two(2, 3), 2003);

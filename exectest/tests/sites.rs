@@ -12,7 +12,6 @@
 use ftramp_exectest::*;
 use ftramp_runtime::sites::{self, RefuseReason, SiteKind, SkipReason, SymbolSource};
 use ftramp_runtime::{discover, host_spec, patch, Discovery};
-use std::ffi::CString;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
@@ -169,40 +168,6 @@ fn reserved_bytes_that_are_not_nops_are_refused() {
     assert_eq!(r.found, garbage);
     // SAFETY: the function's own NOPs are intact.
     assert_eq!(unsafe { sites_victim_callsite(1) }, 18);
-}
-
-/// `dlopen`/`dlsym`/`dlclose` of a test library.
-struct Lib(*mut libc::c_void);
-
-impl Lib {
-    fn open(path: impl AsRef<Path>) -> Lib {
-        let path = path.as_ref().to_str().unwrap();
-        let c = CString::new(path).unwrap();
-        // SAFETY: dlopen of a library built by build.rs (its constructors
-        // are the C runtime's).
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        assert!(!h.is_null(), "dlopen {path} failed");
-        Lib(h)
-    }
-
-    fn sym(&self, name: &str) -> usize {
-        let c = CString::new(name).unwrap();
-        // SAFETY: `self.0` is a live handle.
-        let p = unsafe { libc::dlsym(self.0, c.as_ptr()) };
-        assert!(!p.is_null(), "dlsym {name}");
-        p as usize
-    }
-
-    fn call(&self, name: &str, a: i64) -> i64 {
-        // SAFETY: the test libraries' functions all take and return a long.
-        let f = unsafe { std::mem::transmute::<usize, extern "C" fn(i64) -> i64>(self.sym(name)) };
-        f(a)
-    }
-
-    fn close(self) {
-        // SAFETY: `self.0` is a live handle, closed once.
-        assert_eq!(unsafe { libc::dlclose(self.0) }, 0);
-    }
 }
 
 fn mapped(path: &str) -> bool {

@@ -9,7 +9,7 @@
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 // The C tracees are linked into the ftramp-exectest library.
-use ftramp_exectest as _;
+use ftramp_exectest::Lib;
 use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::ops::Filter;
 use ftramp_runtime::{unwind, FtraceRegs};
@@ -368,19 +368,11 @@ fn libraries_loaded_later_get_the_hooks() {
     let _l = lock();
     unwind::install().unwrap();
     let before = unwind::hooked_slots();
-    let path = std::ffi::CString::new(env!("FTRAMP_UNWIND_DL_SO")).unwrap();
-    // SAFETY: our own test library (no constructors), kept loaded.
-    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    assert!(!h.is_null(), "dlopen {path:?}");
-    let sym = |name: &str| {
-        let c = std::ffi::CString::new(name).unwrap();
-        // SAFETY: looks a name up in a handle we hold.
-        let p = unsafe { libc::dlsym(h, c.as_ptr()) } as usize;
-        assert_ne!(p, 0, "{name}");
-        p
-    };
-    // SAFETY: unwdl_run is `long (long)` and catches what it throws.
-    let run: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(sym("unwdl_run")) };
+    // Our own test library (no constructors), kept loaded.
+    let lib = Lib::open(env!("FTRAMP_UNWIND_DL_SO"));
+    let sym = |name: &str| lib.sym(name);
+    // unwdl_run is `long (long)` and catches what it throws.
+    let run = lib.func("unwdl_run");
     let untraced = run(4);
     // Cleanups of deep(0..4): 0, 1, 9, 66, 466; the handler's: 3262.
     assert_eq!(untraced, 100 + 40 + 3262);

@@ -127,6 +127,14 @@ fn trace_dir(name: &str, tracer: &str) -> PathBuf {
 }
 
 /// Runs `prog args` recorded into `dir` with extra `env`.
+/// Records the test tracee with `args` and `env` into a fresh trace
+/// directory named after the test (`trace_dir`).
+fn record_tracee(name: &str, tracer: &str, args: &[&str], env: &[(&str, &str)]) -> (PathBuf, Output) {
+    let dir = trace_dir(name, tracer);
+    let out = record(&dir, &built().tracee, args, env);
+    (dir, out)
+}
+
 fn record(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(prog);
     c.args(args)
@@ -245,9 +253,7 @@ fn threads_exact_counts_with_call_sites() {
 }
 
 fn threads_exact_counts_with(name: &str, env: &[(&str, &str)]) {
-    let b = built();
-    let dir = trace_dir(name, "function_graph");
-    let out = record(&dir, &b.tracee, &["threads"], env);
+    let (dir, out) = record_tracee(name, "function_graph", &["threads"], env);
     assert!(
         out.status.success(),
         "{}",
@@ -277,9 +283,7 @@ fn threads_exact_counts_with(name: &str, env: &[(&str, &str)]) {
 /// counted and reported, never silently missing.
 #[test]
 fn signal_handlers_calling_traced_functions_are_recorded_or_reported() {
-    let b = built();
-    let dir = trace_dir("signals", "function_graph");
-    let out = record(&dir, &b.tracee, &["signals"], &[]);
+    let (dir, out) = record_tracee("signals", "function_graph", &["signals"], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let want = &counters(&out.stdout)[0];
     assert!(want["rec_signal"] > 0, "the timer fired");
@@ -312,9 +316,7 @@ fn signal_handlers_calling_traced_functions_are_recorded_or_reported() {
 #[test]
 fn longjmp_closes_the_calls_it_left_as_unwound() {
     use ftramp_trace::calls::{CallTree, End};
-    let b = built();
-    let dir = trace_dir("longjmp", "function_graph");
-    let out = record(&dir, &b.tracee, &["longjmp"], &[]);
+    let (dir, out) = record_tracee("longjmp", "function_graph", &["longjmp"], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let want = &counters(&out.stdout)[0];
     assert_eq!((want["rec_jump"], want["rec_leaf"]), (12, 3));
@@ -337,14 +339,7 @@ fn longjmp_closes_the_calls_it_left_as_unwound() {
 
 #[test]
 fn function_tracer_records_entries_only() {
-    let b = built();
-    let dir = trace_dir("function", "function");
-    let out = record(
-        &dir,
-        &b.tracee,
-        &["threads"],
-        &[("FTRAMP_TRACER", "function")],
-    );
+    let (dir, out) = record_tracee("function", "function", &["threads"], &[("FTRAMP_TRACER", "function")]);
     assert!(out.status.success());
     let want = &counters(&out.stdout)[0];
     let t = open(&dir);
@@ -356,26 +351,13 @@ fn function_tracer_records_entries_only() {
 
 #[test]
 fn filter_and_notrace() {
-    let b = built();
-    let dir = trace_dir("filter", "function_graph");
-    let out = record(
-        &dir,
-        &b.tracee,
-        &["threads"],
-        &[("FTRAMP_FILTER", "rec_f* rec_worker")],
-    );
+    let (dir, out) = record_tracee("filter", "function_graph", &["threads"], &[("FTRAMP_FILTER", "rec_f* rec_worker")]);
     let want = &counters(&out.stdout)[0];
     let got = per_function(&open(&dir).processes[0]);
     assert_eq!(got.keys().collect::<Vec<_>>(), ["rec_fib", "rec_worker"]);
     assert_eq!(count(&got, "rec_fib"), (want["rec_fib"], want["rec_fib"]));
 
-    let dir = trace_dir("notrace", "function_graph");
-    let out = record(
-        &dir,
-        &b.tracee,
-        &["threads"],
-        &[("FTRAMP_NOTRACE", "rec_leaf;main")],
-    );
+    let (dir, out) = record_tracee("notrace", "function_graph", &["threads"], &[("FTRAMP_NOTRACE", "rec_leaf;main")]);
     let want = &counters(&out.stdout)[0];
     let p = &open(&dir).processes[0];
     let got = per_function(p);
@@ -389,9 +371,7 @@ fn filter_and_notrace() {
 
 #[test]
 fn max_depth() {
-    let b = built();
-    let dir = trace_dir("depth", "function_graph");
-    let out = record(&dir, &b.tracee, &["threads"], &[("FTRAMP_DEPTH", "2")]);
+    let (dir, out) = record_tracee("depth", "function_graph", &["threads"], &[("FTRAMP_DEPTH", "2")]);
     assert!(out.status.success());
     let p = &open(&dir).processes[0];
     assert_eq!(check_nesting(p), 2);
@@ -405,14 +385,7 @@ fn max_depth() {
 
 #[test]
 fn min_duration_keeps_long_calls_and_their_ancestors() {
-    let b = built();
-    let dir = trace_dir("duration", "function_graph");
-    let out = record(
-        &dir,
-        &b.tracee,
-        &["duration"],
-        &[("FTRAMP_MIN_DURATION", "1ms")],
-    );
+    let (dir, out) = record_tracee("duration", "function_graph", &["duration"], &[("FTRAMP_MIN_DURATION", "1ms")]);
     assert!(out.status.success());
     let want = &counters(&out.stdout)[0];
     assert_eq!(want["rec_slow"], 3);
@@ -444,9 +417,7 @@ fn min_duration_keeps_long_calls_and_their_ancestors() {
 
 #[test]
 fn fork_child_is_its_own_process() {
-    let b = built();
-    let dir = trace_dir("fork", "function_graph");
-    let out = record(&dir, &b.tracee, &["fork"], &[]);
+    let (dir, out) = record_tracee("fork", "function_graph", &["fork"], &[]);
     assert_eq!(
         out.status.code(),
         Some(3),
@@ -482,9 +453,7 @@ fn fork_child_is_its_own_process() {
 
 #[test]
 fn exec_starts_a_new_image() {
-    let b = built();
-    let dir = trace_dir("exec", "function_graph");
-    let out = record(&dir, &b.tracee, &["exec"], &[]);
+    let (dir, out) = record_tracee("exec", "function_graph", &["exec"], &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -504,9 +473,7 @@ fn exec_starts_a_new_image() {
 
 #[test]
 fn exec_with_an_empty_environment_is_followed() {
-    let b = built();
-    let dir = trace_dir("exec-noenv", "function_graph");
-    let out = record(&dir, &b.tracee, &["exec-noenv"], &[]);
+    let (dir, out) = record_tracee("exec-noenv", "function_graph", &["exec-noenv"], &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -549,9 +516,7 @@ fn variadic_execs_are_followed() {
 }
 
 fn check_crash(mode: &str, signal: i32, exit: &str, last: &str) {
-    let b = built();
-    let dir = trace_dir(mode, "function_graph");
-    let out = record(&dir, &b.tracee, &[mode], &[]);
+    let (dir, out) = record_tracee(mode, "function_graph", &[mode], &[]);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(signal), "dies the same way");
     let p = &open(&dir).processes[0];
@@ -571,9 +536,7 @@ fn segv_flushes_what_was_recorded() {
 
 #[test]
 fn crash_flushes_every_threads_events() {
-    let b = built();
-    let dir = trace_dir("segv-threads", "function_graph");
-    let out = record(&dir, &b.tracee, &["segv-threads"], &[]);
+    let (dir, out) = record_tracee("segv-threads", "function_graph", &["segv-threads"], &[]);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(libc_sig::SEGV));
     let p = &open(&dir).processes[0];
@@ -609,8 +572,7 @@ mod libc_sig {
 #[test]
 fn dlopened_library_is_traced() {
     let b = built();
-    let dir = trace_dir("dlopen", "function_graph");
-    let out = record(&dir, &b.tracee, &["dlopen", b.lib.to_str().unwrap()], &[]);
+    let (dir, out) = record_tracee("dlopen", "function_graph", &["dlopen", b.lib.to_str().unwrap()], &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -630,13 +592,7 @@ fn dlopened_library_is_traced() {
 #[test]
 fn dlopened_library_with_a_filter() {
     let b = built();
-    let dir = trace_dir("dlopen-filter", "function_graph");
-    let out = record(
-        &dir,
-        &b.tracee,
-        &["dlopen", b.lib.to_str().unwrap()],
-        &[("FTRAMP_FILTER", "reclib_* rec_after")],
-    );
+    let (dir, out) = record_tracee("dlopen-filter", "function_graph", &["dlopen", b.lib.to_str().unwrap()], &[("FTRAMP_FILTER", "reclib_* rec_after")]);
     assert!(
         out.status.success(),
         "{}",
@@ -651,13 +607,7 @@ fn dlopened_library_with_a_filter() {
 #[test]
 fn main_only_leaves_libraries_out() {
     let b = built();
-    let dir = trace_dir("main-only", "function_graph");
-    let out = record(
-        &dir,
-        &b.tracee,
-        &["dlopen", b.lib.to_str().unwrap(), "nowait"],
-        &[("FTRAMP_MAIN_ONLY", "1")],
-    );
+    let (dir, out) = record_tracee("main-only", "function_graph", &["dlopen", b.lib.to_str().unwrap(), "nowait"], &[("FTRAMP_MAIN_ONLY", "1")]);
     assert!(
         out.status.success(),
         "{}",
@@ -671,9 +621,7 @@ fn main_only_leaves_libraries_out() {
 
 #[test]
 fn recursion_deeper_than_the_shadow_stack_is_counted() {
-    let b = built();
-    let dir = trace_dir("deep", "function_graph");
-    let out = record(&dir, &b.tracee, &["deep", "5000"], &[]);
+    let (dir, out) = record_tracee("deep", "function_graph", &["deep", "5000"], &[]);
     assert!(out.status.success());
     let p = &open(&dir).processes[0];
     let got = per_function(p);
