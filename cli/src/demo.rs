@@ -13,6 +13,7 @@ use std::process::Command;
 
 const DEMO_C: &str = include_str!("../../examples/demo/demo.c");
 const DEMO_UTIL_C: &str = include_str!("../../examples/demo/demo_util.c");
+const DEMO_H: &str = include_str!("../../examples/demo/demo.h");
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -79,7 +80,7 @@ fn run_step(what: &str, cmd: &mut Command) -> Result<()> {
 /// `dir/libdemo_util.so`; returns the executable's path.
 pub fn build_demo(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (name, text) in [("demo.c", DEMO_C), ("demo_util.c", DEMO_UTIL_C)] {
+    for (name, text) in [("demo.c", DEMO_C), ("demo_util.c", DEMO_UTIL_C), ("demo.h", DEMO_H)] {
         let p = dir.join(name);
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
     }

@@ -23,10 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* libdemo_util.so */
-unsigned long util_checksum(const char *line);
-double util_scale(double x, int k);
-const char *util_calls(int i, unsigned long *calls);
+#include "demo.h"
 
 #define FUNCS(X) X(main) X(worker) X(fib) X(process_line) X(tokenize) X(classify) X(spin) X(summarize)
 #define ENUM(f) F_##f,
@@ -35,18 +32,6 @@ enum { FUNCS(ENUM) F_COUNT };
 static const char *const names[F_COUNT] = { FUNCS(NAME) };
 static unsigned long counter[F_COUNT];
 #define COUNT(f) __atomic_fetch_add(&counter[F_##f], 1, __ATOMIC_RELAXED)
-/*
- * Keep each function a call of its own under its own name: at -O2 gcc would
- * inline the small ones and specialise others into clones (`spin.isra.0`),
- * which ftramp traces too, under those names.
- */
-#ifdef __clang__
-#define FUNC __attribute__((noinline))
-#else
-#define FUNC __attribute__((noinline, noclone))
-#endif
-/* Not traced (no patch site), so the trace holds exactly the counted calls. */
-#define NOTRACE __attribute__((no_instrument_function, patchable_function_entry(0, 0)))
 
 #define NWORKERS 3
 

@@ -9,18 +9,12 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "demo.h"
+
 enum { U_CHECKSUM, U_MIX, U_SCALE, U_COUNT };
 static const char *const util_names[U_COUNT] = { "util_checksum", "util_mix", "util_scale" };
 static unsigned long util_counter[U_COUNT];
 #define COUNT(f) __atomic_fetch_add(&util_counter[f], 1, __ATOMIC_RELAXED)
-/* A call of its own under its own name (no inlining, no clones). */
-#ifdef __clang__
-#define FUNC __attribute__((noinline))
-#else
-#define FUNC __attribute__((noinline, noclone))
-#endif
-/* Not traced (no patch site), so the trace holds exactly the counted calls. */
-#define NOTRACE __attribute__((no_instrument_function, patchable_function_entry(0, 0)))
 
 /* One round of a multiplicative hash (FNV-1a style) over a whole word. */
 FUNC static unsigned long util_mix(unsigned long h, const char *word, size_t len)
