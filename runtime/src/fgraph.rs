@@ -274,7 +274,10 @@ impl Fgraph {
             return None;
         }
         let epoch = self.reg_epoch.load(Relaxed);
-        if sh.task_epochs[slot].replace(epoch) != epoch {
+        // (No store on the common path: the epoch is written only when
+        // the user registered since this thread last looked.)
+        if sh.task_epochs[slot].get() != epoch {
+            sh.task_epochs[slot].set(epoch);
             sh.task_vars[slot].set(0);
         }
         Some(&sh.task_vars[slot])
