@@ -302,6 +302,29 @@ fn threads_have_their_own_shadow_stacks() {
     for t in threads {
         assert_eq!(t.join().unwrap(), 0);
     }
+    // Created lazily, freed at thread exit: six threads with a stack each
+    // are alive at the barrier, gone after the joins.  (Other test
+    // threads exiting meanwhile only lower the counts.)
+    let barrier = Arc::new(std::sync::Barrier::new(7));
+    let more: Vec<_> = (0..6)
+        .map(|_| {
+            let b = barrier.clone();
+            std::thread::spawn(move || {
+                let r = tracee_nested(4);
+                b.wait();
+                b.wait();
+                r
+            })
+        })
+        .collect();
+    barrier.wait();
+    let alive = fgraph::live_stacks();
+    barrier.wait();
+    for t in more {
+        assert_eq!(t.join().unwrap(), expect_nested(4));
+    }
+    let after = fgraph::live_stacks();
+    assert!(alive >= 6 && after + 6 <= alive, "live shadow stacks: {alive} with the threads, {after} after they exited");
     fgraph::unregister_fgraph(&a).unwrap();
     assert_eq!(s.bad.load(SeqCst), 0);
     assert_eq!(s.entries.load(SeqCst), s.rets.load(SeqCst));
@@ -431,6 +454,73 @@ fn signal_handlers_calling_traced_functions_nest_on_the_shadow_stack() {
     // Every frame pushed was popped with its own data.
     assert_eq!(SMALL[2].load(SeqCst), 0);
     assert_eq!(SMALL[0].load(SeqCst), SMALL[1].load(SeqCst));
+}
+
+static FIRST_CALLS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn first_call_in_handler(_sig: i32) {
+    if tracee_nested(3) == expect_nested(3) {
+        FIRST_CALLS.fetch_add(1, SeqCst);
+    }
+}
+
+/// A thread's first traced call sets up its shadow stack and its release
+/// at thread exit.  Here that call is a signal handler's, on threads
+/// interrupted while they hold their malloc arena's lock (blocks above the
+/// tcache sizes and below the mmap threshold take it in malloc and free):
+/// any allocation on that path deadlocks the thread.
+#[test]
+fn a_threads_first_traced_call_from_a_handler_that_interrupted_malloc() {
+    use std::os::unix::thread::JoinHandleExt;
+    let _l = lock();
+    SMALL.iter().for_each(|c| c.store(0, SeqCst));
+    FIRST_CALLS.store(0, SeqCst);
+    let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_nested")).skip_timestamp(true));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    // SAFETY: a zeroed sigaction is valid; the handler only touches atomics and traced C code.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = first_call_in_handler as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+    }
+    const THREADS: u64 = 40;
+    for i in 0..THREADS {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            tx.send(()).unwrap();
+            while FIRST_CALLS.load(SeqCst) <= i {
+                let b = std::hint::black_box(vec![1u8; 48 << 10]);
+                drop(b);
+            }
+        });
+        rx.recv().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        // SAFETY: the thread is alive until FIRST_CALLS passes `i`, which
+        // only this signal's handler does.
+        assert_eq!(unsafe { libc::pthread_kill(h.as_pthread_t(), libc::SIGUSR2) }, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while FIRST_CALLS.load(SeqCst) <= i && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if FIRST_CALLS.load(SeqCst) <= i {
+            // Deadlocked on its arena's lock, which other threads' mallocs
+            // (a panic's message) may need too: report without allocating
+            // and end the process.
+            let msg = b"a_threads_first_traced_call_from_a_handler_that_interrupted_malloc: FAILED: a thread's first traced call, made by a signal handler that interrupted malloc, never returned (deadlock)\n";
+            // SAFETY: write(2) of a static buffer, then _exit: no locks taken.
+            unsafe {
+                libc::write(2, msg.as_ptr().cast(), msg.len());
+                libc::_exit(101);
+            }
+        }
+        h.join().unwrap();
+    }
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(FIRST_CALLS.load(SeqCst), THREADS);
+    assert_eq!((SMALL[2].load(SeqCst), fgraph::depth()), (0, 0));
+    assert_eq!(SMALL[0].load(SeqCst), SMALL[1].load(SeqCst));
+    assert!(SMALL[0].load(SeqCst) >= THREADS, "every handler's call was traced");
 }
 
 // SAFETY: tests/c/tracee_fork.c's functions with their C signatures.

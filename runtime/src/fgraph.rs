@@ -85,10 +85,12 @@
 //! from a callback (or from a signal handler that interrupted fgraph
 //! itself) is not traced and is counted in [`recursion_misses`].  A frame
 //! that does not fit counts a miss ([`misses`], [`thread_misses`]) and the
-//! call runs untraced.  After the stack exists nothing allocates, so a
-//! signal handler calling traced functions nests its frames above the
-//! interrupted ones.  The stack is `mmap`ed on the thread's first traced
-//! call and unmapped when the thread exits; a `fork` child keeps a copy.
+//! call runs untraced.  Nothing allocates, not even a thread's first
+//! traced call, which may be a signal handler's that interrupted `malloc`:
+//! the stack is `mmap`ed then, and unmapped when the thread exits through
+//! the runtime's exit key ([`crate::thread`]); a `fork` child keeps a copy.
+//! A signal handler calling traced functions nests its frames above the
+//! interrupted ones.
 //!
 //! # Filters
 //!
@@ -331,6 +333,7 @@ static MISSES: AtomicU64 = AtomicU64::new(0);
 static RECURSION_MISSES: AtomicU64 = AtomicU64::new(0);
 static STALE: AtomicU64 = AtomicU64::new(0);
 static STACK_WORDS: AtomicUsize = AtomicUsize::new(0);
+static LIVE_STACKS: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Default)]
 struct Registry {
@@ -372,6 +375,13 @@ pub fn recursion_misses() -> u64 {
 /// Frames dropped by resynchronisation (calls left by longjmp & co).
 pub fn stale_frames() -> u64 {
     STALE.load(Relaxed)
+}
+
+/// Shadow stacks mapped now: one per thread that made a traced call and
+/// has not exited (a thread's stack is unmapped at its exit; the main
+/// thread's stays until the process ends).
+pub fn live_stacks() -> usize {
+    LIVE_STACKS.load(Relaxed)
 }
 
 /// The address traced functions return to while hijacked.
@@ -417,6 +427,7 @@ pub fn register_fgraph(user: Arc<Fgraph>) -> Result<(), FgraphError> {
     }
     return_to_handler()?;
     clock::clock();
+    crate::thread::prepare();
     // Exceptions and panics through hijacked returns (a failure loses only
     // that: unwind::install_error).
     crate::unwind::install_quietly();
@@ -562,7 +573,9 @@ fn refresh_masks() {
 
 /// A thread's shadow stack and fgraph state.  No `Drop`: the thread-local
 /// is then accessed without a liveness check on every traced call; the
-/// mapping is released by [`Unmapper`] at thread exit.
+/// mapping is released at thread exit by the runtime's exit key
+/// (`thread::arm`, which allocates nothing: the first call may be a
+/// signal handler's).
 pub(crate) struct Shadow {
     /// The words (null before the thread's first traced call; [`NO_STACK`]
     /// after its release).
@@ -640,9 +653,9 @@ impl Shadow {
             // Released (the thread is exiting).
             return false;
         }
-        // Fails while the thread's thread-locals are being destroyed: calls
-        // made from other destructors then run untraced.
-        if UNMAP.try_with(|_| ()).is_err() {
+        // Fails only while the thread is exiting: calls made from late
+        // destructors then run untraced.
+        if !crate::thread::arm() {
             return false;
         }
         let words = stack_words() + word::BASE;
@@ -654,6 +667,7 @@ impl Shadow {
             return false;
         }
         let p = p as *mut u64;
+        LIVE_STACKS.fetch_add(1, Relaxed);
         // SAFETY: the mapping holds `words` > BASE words.
         unsafe { p.copy_from_nonoverlapping(NO_STACK.as_ptr(), word::BASE) };
         self.stack.set(p);
@@ -663,13 +677,14 @@ impl Shadow {
         true
     }
 
-    /// Unmaps the stack (thread exit).
-    fn release(&self) {
+    /// Unmaps the stack (thread exit, after the exit hooks).
+    pub(crate) fn release(&self) {
         let p = self.stack.replace(NO_STACK.as_ptr() as *mut u64);
         if self.len.get() != 0 {
             // SAFETY: our own mapping of `len` words; the thread is exiting
             // and, with `len` 0, nothing reads it again (NO_STACK instead).
             unsafe { libc::munmap(p as *mut libc::c_void, self.len.get() * 8) };
+            LIVE_STACKS.fetch_sub(1, Relaxed);
         }
         self.len.set(0);
         self.top.set(word::BASE);
@@ -911,20 +926,6 @@ pub(crate) fn with_thread_frames<R>(f: impl FnOnce(&dyn crate::unwind::Frames, u
     let r = f(&ShadowFrames(sh), RETURN_TO_HANDLER.load(Relaxed));
     sh.state.set(sh.state.get() & !BUSY);
     Some(r)
-}
-
-/// Releases the thread's shadow stack when the thread exits (a separate
-/// thread-local so that [`Shadow`] needs no destructor).
-struct Unmapper;
-
-impl Drop for Unmapper {
-    fn drop(&mut self) {
-        shadow().release();
-    }
-}
-
-thread_local! {
-    static UNMAP: Unmapper = const { Unmapper };
 }
 
 /// This thread's [`Shadow`], as a plain reference so that the hot paths

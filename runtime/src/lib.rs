@@ -13,13 +13,15 @@
 //! * [`fgraph`] is function-graph tracing (entry + return, shadow stacks);
 //! * [`fprobe`] is entry/exit probes on top of one fgraph user;
 //! * [`unwind`] hooks the unwinder so exceptions and panics pass hijacked
-//!   returns.
+//!   returns;
+//! * [`thread`] is the per-thread block and thread exit without
+//!   allocating (a thread's first traced call may be a signal handler's).
 //!
 //! `unsafe` lives only in `exec.rs`, `cache.rs`, `clock.rs` (counter reads), `patch*`, `regs.rs`,
 //! `grace.rs`, `dispatch.rs` (publishing the site table), `fgraph.rs`
 //! (the per-thread shadow stacks), `fprobe.rs` (the published tables),
-//! `unwind.rs` (GOT hooks, return slots on the stack) and
-//! `sites/loaded.rs`, each block with the reason it is sound.
+//! `unwind.rs` (GOT hooks, return slots on the stack), `thread.rs` (the
+//! exit key) and `sites/loaded.rs`, each block with the reason it is sound.
 
 pub mod cache;
 pub mod clock;
@@ -33,7 +35,7 @@ pub mod ops;
 pub mod patch;
 pub mod regs;
 pub mod sites;
-mod thread;
+pub mod thread;
 pub mod unwind;
 
 pub use exec::JitImage;

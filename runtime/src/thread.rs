@@ -1,4 +1,5 @@
-//! The runtime's one thread-local block.
+//! The runtime's one thread-local block, and thread exit without
+//! allocating.
 //!
 //! A traced call touches the dispatch word ([`crate::grace`]) and the
 //! shadow stack ([`crate::fgraph`]) on the way in and on the way out.  In a
@@ -7,9 +8,37 @@
 //! uses it; kept in one block, the compiler computes its address once per
 //! function.  The block has no destructor, so it is reached without a
 //! liveness check and lives at a fixed address until the thread is gone.
+//!
+//! # Thread exit
+//!
+//! What a thread holds (its shadow stack, a tracer's per-thread buffer) is
+//! released when it exits.  The first traced call of a thread arranges
+//! that, and that call may come from a signal handler that interrupted the
+//! thread inside `malloc`.  A Rust thread-local with a destructor cannot be
+//! used for it: its first access registers the destructor with glibc's
+//! `__cxa_thread_atexit_impl`, which `calloc`s — a self-deadlock on the
+//! allocator's lock held by the interrupted code (seen: the module watcher
+//! interrupted in `free` by a `SIGPROF` whose handler called traced code).
+//!
+//! So [`arm`] uses one process-wide `pthread_key` whose destructor runs the
+//! hooks: creating the key takes no lock and allocates nothing in glibc
+//! (a compare-and-swap over its key table), and setting the value of a key
+//! below `PTHREAD_KEY_2NDLEVEL_SIZE` (32) writes a word of the thread
+//! descriptor.  The key is created at load time (an `.init_array` entry),
+//! before the program's own keys, so it is one of the first.  If a program
+//! had used up those 32 keys anyway, [`arm`] falls back to a thread-local
+//! destructor, which allocates on the thread's first traced call (the
+//! hazard above comes back only for that program, and is counted in
+//! [`fallback_arms`]).
+//!
+//! The key destructors run at `pthread_exit` after the thread's C++ and
+//! Rust thread-local destructors, so calls those make are still traced.
+//! The main thread's `exit` runs no key destructors: its resources stay
+//! until the process is gone (atexit handlers may still call traced code).
 
 use crate::fgraph::Shadow;
-use std::sync::atomic::AtomicU64;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
 pub(crate) struct ThreadState {
     /// `grace`'s dispatch word (generation << 32 | depth).  Written only by
@@ -18,10 +47,12 @@ pub(crate) struct ThreadState {
     pub(crate) dispatch: AtomicU64,
     /// `fgraph`'s shadow stack.
     pub(crate) shadow: Shadow,
+    /// [`arm`] ran on this thread.
+    armed: Cell<bool>,
 }
 
 thread_local! {
-    static THREAD: ThreadState = const { ThreadState { dispatch: AtomicU64::new(0), shadow: Shadow::new() } };
+    static THREAD: ThreadState = const { ThreadState { dispatch: AtomicU64::new(0), shadow: Shadow::new(), armed: Cell::new(false) } };
 }
 
 /// This thread's block, as a plain reference so that hot paths compute its
@@ -33,4 +64,145 @@ pub(crate) fn this() -> &'static ThreadState {
     // (the shadow stack's Cells), so the reference never reaches another
     // thread.
     THREAD.with(|t| unsafe { &*(t as *const ThreadState) })
+}
+
+/// Hooks run at thread exit, in registration order, before the runtime
+/// releases its own per-thread state.
+static HOOKS: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+
+/// The exit key + 1 (0: not created yet).
+static KEY: AtomicUsize = AtomicUsize::new(0);
+
+/// glibc keeps the values of the first 32 keys in the thread descriptor;
+/// later ones live in blocks it `calloc`s on first use.
+const KEY_2NDLEVEL_SIZE: usize = 32;
+
+static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// Registers `hook` to run when a thread that called [`arm`] exits (for a
+/// tracer's per-thread buffers).  At most 4 hooks; registering the same
+/// one twice is a no-op.  Returns false when full.
+pub fn on_exit(hook: extern "C" fn()) -> bool {
+    let h = hook as usize;
+    for slot in &HOOKS {
+        match slot.compare_exchange(0, h, AcqRel, Acquire) {
+            Ok(_) => return true,
+            Err(cur) if cur == h => return true,
+            Err(_) => {}
+        }
+    }
+    false
+}
+
+/// How many threads had to register their exit with an allocating
+/// thread-local destructor (see the module docs).
+pub fn fallback_arms() -> u64 {
+    FALLBACKS.load(Relaxed)
+}
+
+extern "C" fn key_destructor(_value: *mut libc::c_void) {
+    run_exit_hooks();
+}
+
+fn run_exit_hooks() {
+    // glibc cleared the key's value before calling us: a traced call made
+    // after this (by a later destructor) arms again, and glibc calls the
+    // destructor again (up to PTHREAD_DESTRUCTOR_ITERATIONS rounds).
+    this().armed.set(false);
+    for slot in &HOOKS {
+        let h = slot.load(Acquire);
+        if h != 0 {
+            // SAFETY: only `on_exit` stores into HOOKS, and only the
+            // address of an `extern "C" fn()`.
+            let f: extern "C" fn() = unsafe { std::mem::transmute::<usize, extern "C" fn()>(h) };
+            f();
+        }
+    }
+    this().shadow.release();
+}
+
+/// The exit key, created on first use.  Async-signal-safe in glibc:
+/// `pthread_key_create` claims a free entry of its key table by
+/// compare-and-swap and allocates nothing.
+fn key() -> Option<libc::pthread_key_t> {
+    let k = KEY.load(Acquire);
+    if k != 0 {
+        return Some((k - 1) as libc::pthread_key_t);
+    }
+    let mut new: libc::pthread_key_t = 0;
+    // SAFETY: `new` is a valid out-pointer; the destructor is an extern "C"
+    // fn with the signature pthread expects and lives for the process.
+    if unsafe { libc::pthread_key_create(&mut new, Some(key_destructor)) } != 0 {
+        return None;
+    }
+    match KEY.compare_exchange(0, new as usize + 1, AcqRel, Acquire) {
+        Ok(_) => Some(new),
+        Err(won) => {
+            // SAFETY: `new` is our key, never handed out or set.
+            unsafe { libc::pthread_key_delete(new) };
+            Some((won - 1) as libc::pthread_key_t)
+        }
+    }
+}
+
+/// Creates the exit key now if it is not yet (registration paths call
+/// this, so that it exists early even where the load-time entry below was
+/// not linked).
+pub fn prepare() {
+    let _ = key();
+}
+
+/// Create the key at load time, before the program creates its own keys.
+#[used]
+#[cfg_attr(target_os = "linux", link_section = ".init_array")]
+static CREATE_KEY_AT_LOAD: extern "C" fn() = {
+    extern "C" fn create() {
+        let _ = key();
+    }
+    create
+};
+
+/// Arranges for this thread's exit to run the hooks and release the
+/// runtime's per-thread state.  Called on a thread's first traced call,
+/// possibly from a signal handler: allocates nothing unless the program
+/// used up glibc's first 32 keys (module docs).  False while the thread is
+/// exiting (its thread-locals are being destroyed): callers then leave the
+/// call untraced.
+#[cold]
+pub fn arm() -> bool {
+    let t = this();
+    if t.armed.get() {
+        return true;
+    }
+    match key() {
+        Some(k) if (k as usize) < KEY_2NDLEVEL_SIZE => {
+            // SAFETY: `k` is a live key; for keys below 32 glibc stores the
+            // value in the thread descriptor (no allocation).  The value
+            // only needs to be non-null for the destructor to run.
+            if unsafe { libc::pthread_setspecific(k, std::ptr::NonNull::<libc::c_void>::dangling().as_ptr()) } != 0 {
+                return false;
+            }
+        }
+        _ => {
+            if FALLBACK.try_with(|_| ()).is_err() {
+                return false;
+            }
+            FALLBACKS.fetch_add(1, Relaxed);
+        }
+    }
+    t.armed.set(true);
+    true
+}
+
+/// The fallback: a thread-local whose destructor runs the hooks.
+struct Fallback;
+
+impl Drop for Fallback {
+    fn drop(&mut self) {
+        run_exit_hooks();
+    }
+}
+
+thread_local! {
+    static FALLBACK: Fallback = const { Fallback };
 }
