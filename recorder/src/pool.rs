@@ -92,6 +92,13 @@ impl Pool {
             states: (0..n).map(|_| AtomicU64::new(FREE)).collect(),
         }));
         POOL.store(pool, Release);
+        // A thread's slot is released at its exit by the runtime's exit
+        // key, which allocates nothing when a thread's first event comes
+        // from a signal handler that interrupted malloc.
+        ftramp_runtime::thread::prepare();
+        if !ftramp_runtime::thread::on_exit(release_slot_at_exit) {
+            return Err("the runtime's thread-exit hooks are all taken".into());
+        }
         Ok(pool)
     }
 
@@ -402,8 +409,6 @@ thread_local! {
             open: Cell::new(0),
         }
     };
-    /// Releases the slot at thread exit (registered with the slot).
-    static GUARD: SlotGuard = const { SlotGuard };
 }
 
 /// This thread's [`Local`].
@@ -447,46 +452,44 @@ pub fn local_if_cached(task_var: Option<&Cell<u64>>) -> Option<&'static Local> {
     (p != 0).then(|| unsafe { &*(p as *const Local) })
 }
 
-struct SlotGuard;
-
-impl Drop for SlotGuard {
-    fn drop(&mut self) {
-        // glibc runs the main thread's TLS destructors at `exit` before the
-        // atexit handlers, which may still call traced functions: the main
-        // thread keeps its slot until the final flush.
-        if gettid() == std::process::id() {
-            return;
-        }
-        let Ok(p) = LOCAL.try_with(|l| l.cur.replace(std::ptr::null())) else {
-            return;
-        };
-        if p.is_null() {
-            return;
-        }
-        // SAFETY: `cur` only ever points into SLOTS.
-        let slot = unsafe { &*p };
-        if slot
-            .busy
-            .compare_exchange(IDLE, IN_SLOW_PATH, Acquire, Relaxed)
-            .is_ok()
-        {
-            if let Some(pool) = Pool::get() {
-                if slot.buf.load(Relaxed) == NO_BUF
-                    && slot.lost_pending.load(Relaxed) > 0
-                    && !STOPPED.load(Relaxed)
-                {
-                    // An empty last chunk carries the losses.
-                    if let Some(i) = pool.acquire() {
-                        slot.take(pool, i, ftramp_runtime::clock::ticks());
-                    }
+/// Releases this thread's slot at thread exit (a runtime exit hook,
+/// armed when the slot is claimed).
+extern "C" fn release_slot_at_exit() {
+    // The main thread keeps its slot until the final flush (if it calls
+    // pthread_exit, other threads and atexit handlers may still write
+    // through it).
+    if gettid() == std::process::id() {
+        return;
+    }
+    let Ok(p) = LOCAL.try_with(|l| l.cur.replace(std::ptr::null())) else {
+        return;
+    };
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `cur` only ever points into SLOTS.
+    let slot = unsafe { &*p };
+    if slot
+        .busy
+        .compare_exchange(IDLE, IN_SLOW_PATH, Acquire, Relaxed)
+        .is_ok()
+    {
+        if let Some(pool) = Pool::get() {
+            if slot.buf.load(Relaxed) == NO_BUF
+                && slot.lost_pending.load(Relaxed) > 0
+                && !STOPPED.load(Relaxed)
+            {
+                // An empty last chunk carries the losses.
+                if let Some(i) = pool.acquire() {
+                    slot.take(pool, i, ftramp_runtime::clock::ticks());
                 }
-                slot.hand_off(pool, ftramp_trace::format::FLAG_LAST);
             }
-            RETIRED_LOST.fetch_add(slot.lost_total.load(Relaxed), Relaxed);
-            slot.clear();
-            slot.busy.store(IDLE, Release);
-            slot.in_use.store(0, Release);
+            slot.hand_off(pool, ftramp_trace::format::FLAG_LAST);
         }
+        RETIRED_LOST.fetch_add(slot.lost_total.load(Relaxed), Relaxed);
+        slot.clear();
+        slot.busy.store(IDLE, Release);
+        slot.in_use.store(0, Release);
     }
 }
 
@@ -614,9 +617,11 @@ fn emit_slow(local: &Local, base: u64, now: u64) {
 }
 
 fn claim_slot(local: &Local) -> Option<&'static Slot> {
-    // The destructor that releases the slot must be registrable: not while
-    // this thread's TLS is being torn down.
-    GUARD.try_with(|_| ()).ok()?;
+    // The slot is released at thread exit: not claimable once the thread
+    // is exiting.
+    if !ftramp_runtime::thread::arm() {
+        return None;
+    }
     let slot = SLOTS
         .iter()
         .find(|s| s.in_use.compare_exchange(0, 1, Acquire, Relaxed).is_ok())?;

@@ -311,6 +311,26 @@ fn signal_handlers_calling_traced_functions_are_recorded_or_reported() {
     }
 }
 
+/// Each thread's first event comes from a signal handler that interrupted
+/// the thread inside malloc: claiming its buffer and arranging its release
+/// at thread exit allocate nothing (a deadlock otherwise), and every call
+/// is recorded, each thread's last buffer written at its exit.
+#[test]
+fn a_threads_first_event_from_a_handler_that_interrupted_malloc() {
+    let (dir, out) = record_tracee("first-in-handler", "function_graph", &["first-in-handler", "20"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = &counters(&out.stdout)[0];
+    assert_eq!((want["rec_on_first"], want["rec_leaf"]), (20, 20));
+    let t = open(&dir);
+    let p = &t.processes[0];
+    check_nesting(p);
+    let got = per_function(p);
+    assert_eq!(count(&got, "rec_leaf"), (20, 20));
+    assert_eq!(count(&got, "rec_on_first"), (20, 20));
+    assert_eq!(p.lost, 0);
+    assert!(p.threads.len() >= 20, "each signalled thread recorded as its own: {}", p.threads.len());
+}
+
 /// Calls left by longjmp are closed as unwound before the next event, so
 /// what follows nests where it ran (not inside the calls that were left).
 #[test]

@@ -106,6 +106,51 @@ static void rec_on_signal(int sig)
     rec_leaf(sig);
 }
 
+/* "first-in-handler": each thread's first traced call (and first event)
+ * is a signal handler's, made while the thread is inside malloc/free of
+ * blocks that take its arena's lock.  Nothing on that path may allocate. */
+#define NOTRACE __attribute__((no_instrument_function, patchable_function_entry(0, 0)))
+static volatile long first_done;
+
+static void rec_on_first(int sig)
+{
+    rec_leaf(sig);
+    __atomic_add_fetch(&first_done, 1, __ATOMIC_SEQ_CST);
+}
+
+NOTRACE static void *malloc_loop(void *arg)
+{
+    long want = (long)arg;
+    while (__atomic_load_n(&first_done, __ATOMIC_SEQ_CST) < want)
+        free(memset(malloc(48 << 10), 1, 64));
+    return NULL;
+}
+
+NOTRACE static int first_in_handler(int threads)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = rec_on_first;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR2, &sa, NULL);
+    for (long i = 1; i <= threads; i++) {
+        pthread_t t;
+        pthread_create(&t, NULL, malloc_loop, (void *)i);
+        struct timespec ms3 = { 0, 3000000 }, ms1 = { 0, 1000000 };
+        nanosleep(&ms3, NULL);
+        pthread_kill(t, SIGUSR2);
+        for (int w = 0; w < 20000 && first_done < i; w++)
+            nanosleep(&ms1, NULL);
+        if (first_done < i) {
+            static const char msg[] = "deadlock: a thread's first traced call, from a signal handler, never returned\n";
+            write(2, msg, sizeof msg - 1);
+            _exit(3);
+        }
+        pthread_join(t, NULL);
+    }
+    return 0;
+}
+
 static void counts(void)
 {
     printf("rec_fib %ld\nrec_leaf %ld\nrec_worker %ld\nrec_spin %ld\nrec_quick %ld\nrec_slow %ld\n"
@@ -147,6 +192,12 @@ int main(int argc, char **argv)
         counts();
         printf("rec_signal %ld\n", n_signal);
         return s == 0;
+    }
+    if (!strcmp(mode, "first-in-handler")) {
+        first_in_handler(argc > 2 ? atoi(argv[2]) : 20);
+        counts();
+        printf("rec_on_first %ld\n", first_done);
+        return 0;
     }
     if (!strcmp(mode, "longjmp")) {
         /* Three times: 4 nested rec_jump calls left by longjmp, then a
