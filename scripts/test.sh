@@ -54,13 +54,30 @@ if ((native_only == 0)); then
     fi
 fi
 
+# A hung test must fail the run, not stall it: every test binary runs
+# under `timeout` (FTRAMP_TEST_TIMEOUT seconds, default 600; the slowest
+# binary takes under a minute, natively or under qemu).  The variables
+# override the runners of .cargo/config.toml for this script only.
+limit=${FTRAMP_TEST_TIMEOUT:-600}
+host=$(rustc -vV | sed -n 's/^host: //p')
+runner_var() { local t=${1//-/_}; printf 'CARGO_TARGET_%s_RUNNER' "${t^^}"; }
+export "$(runner_var "$host")=timeout -k 10 $limit"
+# The cross runners as .cargo/config.toml writes them (["qemu-…", "-L", "…"]).
+config_runner() {
+    awk -v sec="[target.$1]" '$0 == sec { on = 1; next } /^\[/ { on = 0 }
+        on && $1 == "runner" { gsub(/^[^[]*\[|\].*$|"|,/, ""); print; exit }' .cargo/config.toml
+}
+for t in "${targets[@]}"; do
+    export "$(runner_var "$t")=timeout -k 10 $limit $(config_runner "$t")"
+done
+
 log "native tests (codegen, snapshots, oracle, JIT on $(uname -m), objects on every arch)"
 cargo test --workspace --locked
 
 if ((native_only == 0)); then
     # The JIT path on each foreign arch this build has a backend for.
     for t in $(cargo run -q --locked -p ftramp -- archs --rust-targets); do
-        [[ "$t" == "$(rustc -vV | sed -n 's/^host: //p')" ]] && continue
+        [[ "$t" == "$host" ]] && continue
         log "runtime and JIT tests for $t under qemu-user"
         pkgs=(-p ftramp-exectest -p ftramp-runtime)
         # The ops engine (live patching), its samples and the C API exist for aarch64 too.
