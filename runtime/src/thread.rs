@@ -170,11 +170,15 @@ static CREATE_KEY_AT_LOAD: extern "C" fn() = {
 /// call untraced.
 #[cold]
 pub fn arm() -> bool {
+    arm_with(key())
+}
+
+fn arm_with(key: Option<libc::pthread_key_t>) -> bool {
     let t = this();
     if t.armed.get() {
         return true;
     }
-    match key() {
+    match key {
         Some(k) if (k as usize) < KEY_2NDLEVEL_SIZE => {
             // SAFETY: `k` is a live key; for keys below 32 glibc stores the
             // value in the thread descriptor (no allocation).  The value
@@ -205,4 +209,48 @@ impl Drop for Fallback {
 
 thread_local! {
     static FALLBACK: Fallback = const { Fallback };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    thread_local! {
+        static MARKED: Cell<bool> = const { Cell::new(false) };
+    }
+    static MARKED_EXITS: AtomicU64 = AtomicU64::new(0);
+
+    /// Counts the exits of the threads this test marked (the hook stays
+    /// registered for every thread of the test process).
+    extern "C" fn count_marked() {
+        if MARKED.try_with(Cell::get).unwrap_or(false) {
+            MARKED_EXITS.fetch_add(1, SeqCst);
+        }
+    }
+
+    #[test]
+    fn exit_hooks_run_once_per_armed_thread_with_the_key_or_the_fallback() {
+        assert!(on_exit(count_marked));
+        assert!(on_exit(count_marked), "registering twice is a no-op");
+        let fallbacks = fallback_arms();
+        let key = key().expect("the exit key");
+        assert!((key as usize) < KEY_2NDLEVEL_SIZE, "created at load, among the first keys: {key}");
+        let run = |force_fallback: bool| {
+            std::thread::spawn(move || {
+                MARKED.with(|m| m.set(true));
+                assert!(arm_with(if force_fallback { None } else { Some(key) }));
+                assert!(arm(), "armed once per thread");
+            })
+            .join()
+            .unwrap()
+        };
+        run(false);
+        assert_eq!(MARKED_EXITS.load(SeqCst), 1, "the key's destructor ran the hook");
+        run(true);
+        assert_eq!(MARKED_EXITS.load(SeqCst), 2, "the fallback destructor ran the hook");
+        assert_eq!(fallback_arms(), fallbacks + 1);
+        // A thread that never armed runs no hook.
+        std::thread::spawn(|| MARKED.with(|m| m.set(true))).join().unwrap();
+        assert_eq!(MARKED_EXITS.load(SeqCst), 2);
+    }
 }
