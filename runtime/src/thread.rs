@@ -165,9 +165,11 @@ static CREATE_KEY_AT_LOAD: extern "C" fn() = {
 /// Arranges for this thread's exit to run the hooks and release the
 /// runtime's per-thread state.  Called on a thread's first traced call,
 /// possibly from a signal handler: allocates nothing unless the program
-/// used up glibc's first 32 keys (module docs).  False while the thread is
-/// exiting (its thread-locals are being destroyed): callers then leave the
-/// call untraced.
+/// used up glibc's first 32 keys (module docs).  False when the exit
+/// cannot be arranged (the key cannot be set, or, in the fallback, the
+/// thread's thread-locals are being destroyed): callers then leave the
+/// call untraced.  A thread whose hooks already ran arms again (glibc then
+/// runs the destructor another round).
 #[cold]
 pub fn arm() -> bool {
     arm_with(key())
