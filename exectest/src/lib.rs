@@ -72,3 +72,32 @@ impl Lib {
         assert_eq!(unsafe { libc::dlclose(self.0) }, 0);
     }
 }
+
+/// Installs `handler` for `sig` (with `SA_RESTART`); `None` ignores the
+/// signal.
+pub fn set_signal_handler(sig: i32, handler: Option<extern "C" fn(i32)>) {
+    // SAFETY: a zeroed sigaction is valid; the tests' handlers touch only
+    // atomics and traced C code.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler.map_or(libc::SIG_IGN, |h| h as *const () as usize);
+        sa.sa_flags = libc::SA_RESTART;
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+/// Calls `handler` on SIGPROF every `us` µs of the process's CPU time
+/// (the signal lands anywhere: traced bodies, trampolines, callbacks);
+/// `None` stops the timer and ignores SIGPROF.
+pub fn prof_timer(handler: Option<extern "C" fn(i32)>, us: i64) {
+    let tv = libc::timeval { tv_sec: 0, tv_usec: if handler.is_some() { us as _ } else { 0 } };
+    let t = libc::itimerval { it_interval: tv, it_value: tv };
+    if handler.is_some() {
+        set_signal_handler(libc::SIGPROF, handler);
+    }
+    // SAFETY: setitimer only reads the itimerval we pass.
+    assert_eq!(unsafe { libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut()) }, 0);
+    if handler.is_none() {
+        set_signal_handler(libc::SIGPROF, None);
+    }
+}

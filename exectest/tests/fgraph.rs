@@ -419,17 +419,7 @@ fn signal_handlers_calling_traced_functions_nest_on_the_shadow_stack() {
     SMALL.iter().for_each(|c| c.store(0, SeqCst));
     let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_nested")).skip_timestamp(true));
     fgraph::register_fgraph(u.clone()).unwrap();
-    // SIGPROF on this thread's CPU time: lands anywhere (traced bodies,
-    // trampolines, callbacks, return_to_handler).
-    // SAFETY: zeroed sigaction/itimerval are valid; the handler only touches atomics and traced C code.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_alarm as *const () as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        assert_eq!(libc::sigaction(libc::SIGPROF, &sa, std::ptr::null_mut()), 0);
-        let t = libc::itimerval { it_interval: libc::timeval { tv_sec: 0, tv_usec: 200 }, it_value: libc::timeval { tv_sec: 0, tv_usec: 200 } };
-        assert_eq!(libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut()), 0);
-    }
+    prof_timer(Some(on_alarm), 200);
     let mut wrong = 0;
     let start = std::time::Instant::now();
     while SIG_RUNS.load(SeqCst) < 200 && start.elapsed() < std::time::Duration::from_secs(20) {
@@ -439,14 +429,7 @@ fn signal_handlers_calling_traced_functions_nest_on_the_shadow_stack() {
             }
         }
     }
-    // SAFETY: zeroed sigaction/itimerval are valid; the handler only touches atomics and traced C code.
-    unsafe {
-        let t: libc::itimerval = std::mem::zeroed();
-        libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut());
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = libc::SIG_IGN;
-        libc::sigaction(libc::SIGPROF, &sa, std::ptr::null_mut());
-    }
+    prof_timer(None, 0);
     let depth = fgraph::depth();
     fgraph::unregister_fgraph(&u).unwrap();
     assert_eq!((wrong, SIG_BAD.load(SeqCst), depth), (0, 0, 0));
@@ -477,13 +460,7 @@ fn a_threads_first_traced_call_from_a_handler_that_interrupted_malloc() {
     FIRST_CALLS.store(0, SeqCst);
     let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_nested")).skip_timestamp(true));
     fgraph::register_fgraph(u.clone()).unwrap();
-    // SAFETY: a zeroed sigaction is valid; the handler only touches atomics and traced C code.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = first_call_in_handler as *const () as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
-    }
+    set_signal_handler(libc::SIGUSR2, Some(first_call_in_handler));
     const THREADS: u64 = 40;
     for i in 0..THREADS {
         let (tx, rx) = std::sync::mpsc::channel();

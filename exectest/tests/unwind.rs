@@ -9,7 +9,7 @@
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 // The C tracees are linked into the ftramp-exectest library.
-use ftramp_exectest::Lib;
+use ftramp_exectest::{prof_timer, Lib};
 use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::ops::Filter;
 use ftramp_runtime::{unwind, FtraceRegs};
@@ -210,21 +210,6 @@ extern "C" fn on_prof(_sig: i32) {
     }
 }
 
-/// Sets (`us` > 0) or stops the SIGPROF timer and its handler.
-fn prof_timer(us: i64) {
-    // SAFETY: zeroed sigaction/itimerval are valid; the handler only
-    // touches atomics and traced C code.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = if us > 0 { on_prof as *const () as usize } else { libc::SIG_IGN };
-        sa.sa_flags = libc::SA_RESTART;
-        assert_eq!(libc::sigaction(libc::SIGPROF, &sa, std::ptr::null_mut()), 0);
-        let tv = libc::timeval { tv_sec: 0, tv_usec: us as _ };
-        let t = libc::itimerval { it_interval: tv, it_value: tv };
-        assert_eq!(libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut()), 0);
-    }
-}
-
 #[test]
 fn cpp_exceptions_while_signal_handlers_call_traced_functions() {
     let _l = lock();
@@ -236,14 +221,14 @@ fn cpp_exceptions_while_signal_handlers_call_traced_functions() {
     unw_reset();
     PROF_RUNS.store(0, SeqCst);
     PROF_BAD.store(0, SeqCst);
-    prof_timer(100);
+    prof_timer(Some(on_prof), 100);
     let (mut rounds, mut wrong) = (0, 0);
     let start = std::time::Instant::now();
     while PROF_RUNS.load(SeqCst) < 100 && start.elapsed() < std::time::Duration::from_secs(20) {
         wrong += usize::from(unw_loop(20, 2) != unw_loop_expect(20, 2));
         rounds += 1;
     }
-    prof_timer(0);
+    prof_timer(None, 0);
     let depth = fgraph::depth();
     let truth = cpp_funcs();
     let got: Vec<(u64, u64)> = (0..addrs.len()).map(counts).collect();

@@ -653,8 +653,8 @@ impl Shadow {
             // Released (the thread is exiting).
             return false;
         }
-        // Fails only while the thread is exiting: calls made from late
-        // destructors then run untraced.
+        // Arranges the release at thread exit without allocating; when it
+        // cannot (thread::arm), the call runs untraced.
         if !crate::thread::arm() {
             return false;
         }
