@@ -607,6 +607,9 @@ mod flags {
 /// return handler still get an ABI-aligned stack.
 #[cfg(target_arch = "x86_64")]
 fn callbacks_get_an_aligned_stack_when_the_traced_function_did_not(entry: SiteEntry) {
+    // SAFETY: the x86_64 harness's functions and data
+    // (tests/c/arch/x86_64.h) with their C signatures; callers uphold what
+    // each one needs (see the uses below).
     unsafe extern "C" {
         fn arch_call_misaligned(f: usize, a: i64, b: i64) -> i64;
         fn arch_ret_probe();
