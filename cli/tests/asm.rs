@@ -8,7 +8,7 @@ fn ftramp(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn stub_listings_show_the_call_through_and_the_jump_resume() {
+fn stub_listings_show_the_call_through_the_return_and_the_jump_resume() {
     let out = ftramp(&["asm", "--arch", "x86_64", "-V", "return", "-V", "args-direct", "--stub"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
@@ -17,6 +17,13 @@ fn stub_listings_show_the_call_through_and_the_jump_resume() {
     let ret = text.find("return_to_handler").unwrap();
     let (pop, call) = (text[ret..].find("41 5b                    pop r11").unwrap(), text[ret..].find("41 ff d3                 call r11").unwrap());
     assert!(pop < call, "{code:?}");
+    // ...and ends by returning to the caller through the return predictor
+    // (push + ret: pops the caller's entry), not with a jump.
+    // (return_to_handler is listed first, then the entry trampoline.)
+    let listing = &text[ret..text.find("ftrace_direct_caller").filter(|e| *e > ret).expect("the entry trampoline after return_to_handler")];
+    let insns: Vec<&str> = listing.lines().filter(|l| l.contains("  ") && (l.trim_end().ends_with("push r11") || l.trim_end().ends_with("ret") || l.contains("jmp"))).collect();
+    assert!(insns.len() >= 2 && insns[insns.len() - 2].ends_with("push r11") && insns[insns.len() - 1].trim_end().ends_with(" ret"), "{listing}");
+    assert!(!listing.contains("jmp r11"), "{listing}");
     // The entry trampoline resumes with pop + jmp, not ret.
     let entry = text.find("ftrace_direct_caller").unwrap();
     let body = &text[entry..];

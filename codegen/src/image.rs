@@ -157,6 +157,7 @@ fn lower(e: &mut dyn arch::Emitter, spec: &Spec, step: &Step) -> Result<(), Code
         Step::Return => e.ret(),
         Step::GraphCallCheck { scratch, ip, parent } => e.graph_call_check(*scratch, *ip, *parent),
         Step::PopJump { scratch } => e.pop_jump(*scratch),
+        Step::ReturnReg { target } => e.return_reg(*target),
         Step::CallThrough { scratch } => e.call_through(*scratch),
         Step::AlignSp { scratch } => e.align_sp(*scratch, spec.stack_alignment),
         Step::RestoreSp => e.restore_sp(),

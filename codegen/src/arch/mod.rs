@@ -158,6 +158,11 @@ pub trait Emitter {
     fn call_through(&mut self, _scratch: Reg) -> Result<(), CodegenError> {
         Err(CodegenError::Unsupported { arch: "generic", what: "site.stub (stub entry)".into() })
     }
+    /// Stub entry: return to the address in `target` through the return
+    /// predictor ([`crate::program::Step::ReturnReg`]).
+    fn return_reg(&mut self, _target: Reg) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "site.stub (stub entry)".into() })
+    }
     /// Bytes emitted so far.
     fn pos(&self) -> usize;
     /// The code and its data-word references.

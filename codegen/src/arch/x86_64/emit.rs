@@ -149,6 +149,11 @@ impl Emitter for X64Emitter {
         Ok(())
     }
 
+    fn return_reg(&mut self, target: Reg) -> Result<(), CodegenError> {
+        dynasm!(self.ops ; .arch x64 ; push Rq(target.enc) ; ret);
+        Ok(())
+    }
+
     fn save_flags(&mut self, off: i32, _scratch: Reg) -> Result<(), CodegenError> {
         // `pop m64` with an rsp base computes the address after the pop's
         // increment, so `off` names the same slot as everywhere else.
