@@ -205,6 +205,32 @@ fn filters_by_glob_notfilter_address_and_symbol() {
     assert!(!fp.is_registered());
 }
 
+fn data_len_entry(fp: &Fprobe, _ip: usize, _r: usize, _f: &mut FtraceRegs, data: &mut [u8]) -> EntryAction {
+    let s = stats(fp);
+    s.entries.fetch_add(1, SeqCst);
+    if data.len() != 40 || data.iter().any(|b| *b != 0) {
+        s.bad.fetch_add(1, SeqCst);
+    }
+    data.fill(0xa5);
+    EntryAction::Continue
+}
+
+/// No exit handler: the entry data is the entry's scratch space, of the
+/// size asked for and zeroed on every call (the handler dirties it).
+#[test]
+fn entry_only_data_is_zeroed_and_the_size_asked_for() {
+    let _l = lock();
+    let s = new_stats();
+    let fp = Arc::new(Fprobe::new().entry_handler(data_len_entry).entry_data_size(40).private(s as *const Stats as usize));
+    fprobe::register_fprobe_syms(&fp, &["tracee_two"]).unwrap();
+    for i in 0..3 {
+        tracee_two(i, 1);
+    }
+    fprobe::unregister_fprobe(&fp).unwrap();
+    assert_eq!(counts(s), (3, 0, 0));
+    assert_eq!(fp.nmissed(), 0);
+}
+
 #[test]
 fn two_fprobes_on_one_function_are_both_called() {
     let _l = lock();

@@ -168,7 +168,9 @@ mod word {
         (w >> EPOCH_SHIFT) as u32
     }
     pub const fn data_words(bytes: usize) -> usize {
-        bytes.div_ceil(8)
+        // (bytes < 1024: no overflow; two instructions where div_ceil
+        // compiles to four, on fprobe's exit path.)
+        (bytes + 7) >> 3
     }
 }
 
@@ -1142,31 +1144,42 @@ impl GraphEnt {
     }
 
     /// [`reserve_data`](GraphEnt::reserve_data) without the zeroing (the
-    /// words hold what the stack held, initialised memory): the block's
-    /// first word, valid for `size` bytes until the frame is popped (after
-    /// the return callbacks) or dropped.
+    /// words hold what the stack held, initialised memory) and for the
+    /// runtime's own entry callbacks only (fprobe's): `0 < size <=
+    /// DATA_MAX`, called from an entry callback, so only the room is
+    /// checked.  The block's first word, valid for `size` bytes until the
+    /// frame is popped (after the return callbacks) or dropped.
     #[inline(always)]
     pub(crate) fn reserve(&self, size: usize) -> Option<*mut u64> {
-        self.reserve_at(size).map(|at| self.sh().ptr(at))
+        debug_assert!(size != 0 && size <= DATA_MAX);
+        debug_assert!(self.sh().state.get() & BUSY != 0 && self.sh().cur.get() >= self.sh().top.get());
+        self.place(size).map(|at| self.sh().ptr(at))
     }
 
     #[inline(always)]
     fn reserve_at(&self, size: usize) -> Option<usize> {
-        if size == 0 || size > DATA_MAX {
-            return None;
-        }
-        let sh = self.sh();
-        let at = sh.cur.get();
-        let words = word::data_words(size);
         // Only between push's setting `cur` and the frame's completion
         // (`cur` at or above `top`: elsewhere it would reach into complete
-        // frames), and with room for the header, the block and the fixed
-        // words after it.
-        if sh.state.get() & BUSY == 0 || at < sh.top.get() || at + 1 + words + word::FIXED > sh.len.get() {
+        // frames).
+        let sh = self.sh();
+        if size == 0 || size > DATA_MAX || sh.state.get() & BUSY == 0 || sh.cur.get() < sh.top.get() {
+            return None;
+        }
+        self.place(size)
+    }
+
+    /// Puts a block of `size` bytes at the data cursor, if the header, the
+    /// block and the fixed words after it fit (which keeps every write
+    /// inside the stack): its first word's index.
+    #[inline(always)]
+    fn place(&self, size: usize) -> Option<usize> {
+        let sh = self.sh();
+        let at = sh.cur.get();
+        let next = at + 1 + word::data_words(size);
+        if next + word::FIXED > sh.len.get() {
             return None;
         }
         // The fixed words move up past the block.
-        let next = at + 1 + words;
         sh.move_fixed(at, next);
         sh.set(at, word::data(size, sh.cur_user.get()));
         sh.cur.set(next);
@@ -1202,6 +1215,22 @@ impl GraphRet {
         for b in sh.ret_blocks() {
             f(sh.block(b));
         }
+    }
+
+    /// The returning call's one data block, when the frame holds exactly
+    /// one and it is this user's: its first word and size in bytes (valid
+    /// until the callback returns).  fprobe's exit fast path: no walk.
+    #[inline(always)]
+    pub(crate) fn only_block(&self) -> Option<(*mut u64, usize)> {
+        let sh = self.sh();
+        // The frame returned from is the top one (nothing is pushed while
+        // busy) and complete: its header and fixed words are below `top`.
+        let top = sh.top.get();
+        let fb = top - 1 - word::off(sh.get(top - 1));
+        let w = sh.get(fb);
+        let size = word::off(w);
+        let only = word::kind(w) == word::TYPE_DATA && word::user(w) == sh.cur_user.get() && fb + 1 + word::data_words(size) == top - word::FIXED;
+        only.then(|| (sh.ptr(fb + 1), size))
     }
 
     /// [`for_each_data`](GraphRet::for_each_data) with the blocks' first
@@ -1282,18 +1311,20 @@ fn pop_slow(sh: &Shadow, fregs: &mut FtraceRegs, sp: usize) -> usize {
 }
 
 /// Calls the return callbacks of the top frame, pops it, returns its real
-/// return address.  (The frame is read from `top` after each call: fewer
-/// registers to keep across them; nothing is pushed while busy.)
+/// return address.
 #[inline(always)]
 fn pop_frame(sh: &Shadow, fregs: &mut FtraceRegs) -> usize {
-    let calltime = sh.get(sh.top.get() - word::CALLTIME);
-    // A frame pushed with a time gets one at return.
-    let (calltime, rettime) = if calltime != 0 { clock::ticks_pair_to_ns(calltime, clock::ticks()) } else { (0, 0) };
     let top = sh.top.get();
     let head = sh.get(top - 1);
-    let rec = GraphRet { func: sh.get(top - word::FUNC) as usize, depth: sh.depth.get() - 1, calltime, rettime, shadow: sh };
+    let mut rec = GraphRet { func: sh.get(top - word::FUNC) as usize, depth: sh.depth.get() - 1, calltime: 0, rettime: 0, shadow: sh };
+    // A frame pushed with a time gets one at return.
+    let calltime = sh.get(top - word::CALLTIME);
+    if calltime != 0 {
+        ret_times(&mut rec, calltime);
+    }
+    // (A complete frame's bitmap is never 0.)
     let m = word::bitmap(head);
-    if m.is_power_of_two() {
+    if m & m.wrapping_sub(1) == 0 {
         let slot = m.trailing_zeros() as usize;
         if let Some(u) = user_at(slot, word::epoch(head)) {
             sh.cur_user.set(slot);
@@ -1302,11 +1333,18 @@ fn pop_frame(sh: &Shadow, fregs: &mut FtraceRegs) -> usize {
     } else {
         call_rets(sh, &rec, fregs, head);
     }
+    // (The frame is still the top one: nothing is pushed while busy.)
     let top = sh.top.get();
     let ret = sh.get(top - word::RET) as usize;
-    sh.top.set(top - 1 - word::off(sh.get(top - 1)));
+    sh.top.set(top - 1 - word::off(head));
     sh.depth.set(sh.depth.get() - 1);
     ret
+}
+
+/// The call's times (ns) from its entry's ticks.
+#[inline(always)]
+fn ret_times(rec: &mut GraphRet, calltime: u64) {
+    (rec.calltime, rec.rettime) = clock::ticks_pair_to_ns(calltime, clock::ticks());
 }
 
 /// The return callbacks of several users (FRAME header `head`).

@@ -383,71 +383,140 @@ pub fn registered() -> usize {
 extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> bool {
     let Some(t) = tables() else { return false };
     let Ok(i) = t.by_ip.binary_search_by_key(&ent.func, |e| e.0) else { return false };
-    let probes = &t.by_ip[i].1;
-    let ret_ip = fregs.return_address();
-    let mut want = false;
-    for p in probes.iter() {
-        // SAFETY: the registry holds an Arc of every fprobe in the tables,
-        // released a grace period after it leaves them; we are inside
-        // dispatch.
-        let fp = unsafe { &*p.fp };
-        let size = fp.entry_data_size;
-        if fp.exit_handler.is_none() {
-            if let Some(h) = fp.entry_handler {
-                if size == 0 {
-                    h(fp, ent.func, ret_ip, fregs, &mut []);
-                } else {
-                    let mut buf = [0u8; ENTRY_DATA_MAX];
-                    h(fp, ent.func, ret_ip, fregs, &mut buf[..size]);
-                }
-            }
-            continue;
-        }
-        // The header words are written below; only the entry data needs
-        // zeroing.
-        let Some(b) = ent.reserve(HEADER + size) else {
-            fp.nmissed.fetch_add(1, Relaxed);
-            continue;
-        };
-        // SAFETY: `b` is this call's fresh block of HEADER + size bytes,
-        // u64-aligned and initialised (the shadow stack's words), ours
-        // alone until the frame is popped.
-        let (head, data) = unsafe { (std::slice::from_raw_parts_mut(b, HEADER / 8), std::slice::from_raw_parts_mut(b.add(HEADER / 8) as *mut u8, size)) };
-        if size != 0 {
-            data.fill(0);
-        }
-        let action = match fp.entry_handler {
-            Some(h) => h(fp, ent.func, ret_ip, fregs, data),
-            None => EntryAction::Continue,
-        };
-        let go = action == EntryAction::Continue;
-        head[0] = if go { p.fp as usize as u64 } else { 0 };
-        head[1] = p.id;
-        head[2] = t.gen;
-        want |= go;
+    match &*t.by_ip[i].1 {
+        // The common case, one fprobe on the site: nothing kept across the
+        // handler call.
+        [p] => probe_entry(t, p, ent, fregs, true),
+        probes => probes_entry(t, probes, ent, fregs),
     }
-    want
+}
+
+/// Several fprobes on one site.
+#[inline(never)]
+fn probes_entry(t: &Tables, probes: &[Probe], ent: &GraphEnt, fregs: &mut FtraceRegs) -> bool {
+    probes.iter().fold(false, |want, p| probe_entry(t, p, ent, fregs, false) | want)
+}
+
+/// One fprobe's entry: its handler, and its block when it has an exit
+/// handler.  True when its exit is wanted.  `alone`: the only fprobe on
+/// the site, whose block fgraph drops with the frame when the entry
+/// returns false (so a skipped exit needs no mark).
+#[inline(always)]
+fn probe_entry(t: &Tables, p: &Probe, ent: &GraphEnt, fregs: &mut FtraceRegs, alone: bool) -> bool {
+    // SAFETY: the registry holds an Arc of every fprobe in the tables,
+    // released a grace period after it leaves them; we are inside
+    // dispatch.
+    let fp = unsafe { &*p.fp };
+    let size = fp.entry_data_size;
+    let ret_ip = fregs.return_address();
+    if fp.exit_handler.is_none() {
+        if let Some(h) = fp.entry_handler {
+            if size == 0 {
+                h(fp, ent.func, ret_ip, fregs, &mut []);
+            } else {
+                entry_with_scratch(h, fp, ent.func, ret_ip, fregs);
+            }
+        }
+        return false;
+    }
+    let Some(b) = ent.reserve(HEADER + size) else {
+        fp.nmissed.fetch_add(1, Relaxed);
+        return false;
+    };
+    // SAFETY: `b` is this call's fresh block of HEADER + size bytes,
+    // u64-aligned and initialised (the shadow stack's words), ours alone
+    // until the frame is popped.
+    let (head, data) = unsafe { (std::slice::from_raw_parts_mut(b, HEADER / 8), std::slice::from_raw_parts_mut(b.add(HEADER / 8) as *mut u8, size)) };
+    // The header first: after the handler only its verdict is left.
+    head[0] = p.fp as usize as u64;
+    head[1] = p.id;
+    head[2] = t.gen;
+    // The entry data is zeroed out of line: the common case (none) then
+    // keeps no registers across calls.
+    let go = match fp.entry_handler {
+        Some(h) if size == 0 => h(fp, ent.func, ret_ip, fregs, data) == EntryAction::Continue,
+        Some(h) => entry_with_data(h, fp, ent.func, ret_ip, fregs, data) == EntryAction::Continue,
+        None => {
+            data.fill(0);
+            true
+        }
+    };
+    if !go && !alone {
+        head[0] = 0;
+    }
+    go
+}
+
+/// An entry handler with entry data (zeroed first) and an exit.
+#[inline(never)]
+fn entry_with_data(h: EntryHandler, fp: &Fprobe, ip: usize, ret_ip: usize, fregs: &mut FtraceRegs, data: &mut [u8]) -> EntryAction {
+    data.fill(0);
+    h(fp, ip, ret_ip, fregs, data)
+}
+
+/// An entry handler with entry data but no exit: the data lives on this
+/// frame (out of line, so that the common paths need no 120-byte frame).
+#[inline(never)]
+fn entry_with_scratch(h: EntryHandler, fp: &Fprobe, ip: usize, ret_ip: usize, fregs: &mut FtraceRegs) {
+    let mut buf = [0u8; ENTRY_DATA_MAX];
+    h(fp, ip, ret_ip, fregs, &mut buf[..fp.entry_data_size]);
 }
 
 extern "C" fn fp_exit(ret: &GraphRet, _g: &Fgraph, fregs: &mut FtraceRegs) {
     let Some(t) = tables() else { return };
-    let ret_ip = ret.ret_ip();
-    ret.for_each_block(|b, size| {
-        if size < HEADER {
-            return;
-        }
-        // SAFETY: one of this user's blocks of the returning call (ours,
-        // at least HEADER bytes), valid during this callback.
-        let (head, data) = unsafe { (std::slice::from_raw_parts(b, HEADER / 8), std::slice::from_raw_parts_mut(b.add(HEADER / 8) as *mut u8, size - HEADER)) };
-        let fpw = head[0] as usize;
-        if fpw == 0 || (head[2] != t.gen && t.live.binary_search(&(fpw, head[1])).is_err()) {
-            return;
-        }
-        // SAFETY: still in the tables under the same registration: the
-        // registry holds it (see fp_entry).
-        let fp = unsafe { &*(fpw as *const Fprobe) };
-        if let Some(h) = fp.exit_handler {
-            h(fp, ret.func, ret_ip, fregs, data);
-        }
-    });
+    // The common case, the frame's one block (one fprobe on the site, no
+    // other fgraph user's data): no walk.
+    match ret.only_block() {
+        Some((b, size)) => probe_exit(t, ret, fregs, b, size),
+        None => exit_walk(t, ret, fregs),
+    }
+}
+
+#[inline(never)]
+fn exit_walk(t: &Tables, ret: &GraphRet, fregs: &mut FtraceRegs) {
+    ret.for_each_block(|b, size| probe_exit(t, ret, fregs, b, size));
+}
+
+/// One block's exit: its fprobe's exit handler, if the fprobe is still
+/// registered under the registration its entry saw.  (The rare cases are
+/// out of line: the common one keeps no registers across calls.)
+#[inline(always)]
+fn probe_exit(t: &Tables, ret: &GraphRet, fregs: &mut FtraceRegs, b: *mut u64, size: usize) {
+    if size < HEADER {
+        return;
+    }
+    // SAFETY: one of this user's blocks of the returning call (ours, at
+    // least HEADER bytes), valid during this callback.
+    let head = unsafe { std::slice::from_raw_parts(b, HEADER / 8) };
+    if head[0] == 0 {
+        return;
+    }
+    if head[2] != t.gen {
+        return probe_exit_changed(ret, fregs, b, size);
+    }
+    call_exit(ret, fregs, b, size)
+}
+
+/// [`probe_exit`] when the tables changed since the call's entry: is the
+/// fprobe still in them, under the same registration?
+#[cold]
+#[inline(never)]
+fn probe_exit_changed(ret: &GraphRet, fregs: &mut FtraceRegs, b: *mut u64, size: usize) {
+    let Some(t) = tables() else { return };
+    // SAFETY: as in probe_exit.
+    let head = unsafe { std::slice::from_raw_parts(b, HEADER / 8) };
+    if t.live.binary_search(&(head[0] as usize, head[1])).is_ok() {
+        call_exit(ret, fregs, b, size)
+    }
+}
+
+/// Calls the exit handler of the fprobe in block `b` (checked live).
+#[inline(always)]
+fn call_exit(ret: &GraphRet, fregs: &mut FtraceRegs, b: *mut u64, size: usize) {
+    // SAFETY: as in probe_exit; the fprobe is in the tables under the
+    // registration its entry saw, so the registry holds it (see fp_entry).
+    let (fp, data) = unsafe { (&*(b.read() as usize as *const Fprobe), std::slice::from_raw_parts_mut(b.add(HEADER / 8) as *mut u8, size - HEADER)) };
+    if let Some(h) = fp.exit_handler {
+        h(fp, ret.func, ret.ret_ip(), fregs, data);
+    }
 }

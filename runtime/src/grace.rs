@@ -228,8 +228,10 @@ impl Drop for DispatchGuard {
     fn drop(&mut self) {
         compiler_fence(SeqCst);
         let d = dispatch_word();
-        let w = d.load(Relaxed).wrapping_sub(1);
-        d.store(w.wrapping_add(((w as u32 == 0) as u64) * GENERATION_ONE), Relaxed);
+        let w = d.load(Relaxed);
+        // (As a choice: compiles to two instructions fewer than the
+        // multiplied form, still without a branch.)
+        d.store(if w as u32 == 1 { w.wrapping_add(GENERATION_ONE - 1) } else { w.wrapping_sub(1) }, Relaxed);
     }
 }
 
