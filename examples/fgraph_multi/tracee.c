@@ -36,3 +36,23 @@ TRACEE void bench_leaf(void)
 {
 	__asm__ volatile("" ::: "memory");
 }
+
+/* The benchmark's call tree: each bench_tree() makes three nested traced
+ * calls (the code after each call keeps it a real call, not a jump), so
+ * every traced call returns into a traced caller, as in real programs. */
+TRACEE void bench_tree_leaf(void)
+{
+	__asm__ volatile("" ::: "memory");
+}
+
+TRACEE void bench_tree_mid(void)
+{
+	bench_tree_leaf();
+	__asm__ volatile("" ::: "memory");
+}
+
+TRACEE void bench_tree(void)
+{
+	bench_tree_mid();
+	__asm__ volatile("" ::: "memory");
+}

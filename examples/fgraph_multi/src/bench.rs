@@ -1,5 +1,7 @@
 //! The fgraph benchmark: entry only, entry+exit with and without
-//! timestamps, two users, fprobe entry only and entry+exit, and LLVM
+//! timestamps, two users, fprobe entry only and entry+exit, entry+exit on
+//! a three-deep call tree (every traced call returns into a traced caller,
+//! which is where a return predictor left out of step costs), and LLVM
 //! XRay's no-op handler (entry and exit) on the same empty function, side
 //! by side in one run.
 //!
@@ -14,6 +16,7 @@ use ftramp_runtime::fprobe::{self, EntryAction, Fprobe};
 use ftramp_runtime::ops::Filter;
 use ftramp_runtime::FtraceRegs;
 use ftrace_ops::bench::{build_xray, per_call_ir, xray_ns, xray_source};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,10 +36,13 @@ pub enum Mode {
     FprobeEntry,
     /// An fprobe with no-op entry and exit handlers.
     FprobeEntryExit,
+    /// `EntryExitSkip` on a three-deep call tree (`bench_tree`): every
+    /// traced call returns into a traced caller; per traced call.
+    TreeEntryExitSkip,
 }
 
 impl Mode {
-    pub const ALL: [(Mode, &'static str, &'static str); 7] = [
+    pub const ALL: [(Mode, &'static str, &'static str); 8] = [
         (Mode::Untraced, "untraced", "untraced"),
         (Mode::EntryOnly, "entry-only", "fgraph entry only"),
         (Mode::EntryExit, "entry-exit", "fgraph entry+exit, timestamps"),
@@ -44,6 +50,7 @@ impl Mode {
         (Mode::TwoUsersSkip, "two-users", "2 users entry+exit, skip_timestamp"),
         (Mode::FprobeEntry, "fprobe-entry", "fprobe entry only"),
         (Mode::FprobeEntryExit, "fprobe-entry-exit", "fprobe entry+exit"),
+        (Mode::TreeEntryExitSkip, "tree-entry-exit-skip", "fgraph entry+exit, skip, 3-deep tree"),
     ];
 
     pub fn parse(s: &str) -> Option<Mode> {
@@ -53,6 +60,7 @@ impl Mode {
 
 extern "C" {
     fn bench_leaf();
+    fn bench_tree();
 }
 
 extern "C" fn entry_false(_e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> bool {
@@ -65,16 +73,31 @@ extern "C" fn entry_true(_e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> boo
 
 extern "C" fn ret_nop(_r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {}
 
+/// Entries and returns seen in the tree mode (checked after its run: every
+/// call of the tree traced).  Plain load and store: one thread.
+static TREE_CALLS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+extern "C" fn entry_true_counted(_e: &GraphEnt, _g: &Fgraph, _f: &mut FtraceRegs) -> bool {
+    TREE_CALLS[0].store(TREE_CALLS[0].load(Relaxed) + 1, Relaxed);
+    true
+}
+
+extern "C" fn ret_counted(_r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {
+    TREE_CALLS[1].store(TREE_CALLS[1].load(Relaxed) + 1, Relaxed);
+}
+
 fn fp_entry_nop(_fp: &Fprobe, _ip: usize, _ret_ip: usize, _f: &mut FtraceRegs, _d: &mut [u8]) -> EntryAction {
     EntryAction::Continue
 }
 
 fn fp_exit_nop(_fp: &Fprobe, _ip: usize, _ret_ip: usize, _f: &mut FtraceRegs, _d: &mut [u8]) {}
 
-/// Registers the mode's users, calls `bench_leaf` `calls` times,
-/// unregisters; ns per call.
+/// Registers the mode's users, calls `bench_leaf` `calls` times (the tree
+/// mode: `bench_tree` a third as often, three traced calls each),
+/// unregisters; ns per traced call.
 pub fn time(mode: Mode, calls: u64) -> f64 {
-    let f = || Filter::new().symbol("bench_leaf");
+    let tree = mode == Mode::TreeEntryExitSkip;
+    let f = || if tree { Filter::new().symbol("bench_tree").symbol("bench_tree_mid").symbol("bench_tree_leaf") } else { Filter::new().symbol("bench_leaf") };
     let user = |entry, skip| Arc::new(Fgraph::new(entry, ret_nop).filter(f()).skip_timestamp(skip));
     let probe = match mode {
         Mode::FprobeEntry => Some(Fprobe::new().entry_handler(fp_entry_nop)),
@@ -93,6 +116,7 @@ pub fn time(mode: Mode, calls: u64) -> f64 {
         Mode::EntryOnly => vec![user(entry_false, true)],
         Mode::EntryExit => vec![user(entry_true, false)],
         Mode::EntryExitSkip => vec![user(entry_true, true)],
+        Mode::TreeEntryExitSkip => vec![Arc::new(Fgraph::new(entry_true_counted, ret_counted).filter(f()).skip_timestamp(true))],
         Mode::TwoUsersSkip => vec![user(entry_true, true), user(entry_true, true)],
     };
     for u in &users {
@@ -101,10 +125,18 @@ pub fn time(mode: Mode, calls: u64) -> f64 {
             std::process::exit(2);
         }
     }
+    TREE_CALLS.iter().for_each(|c| c.store(0, Relaxed));
     let start = Instant::now();
-    for _ in 0..calls {
-        // SAFETY: a plain C function without arguments.
-        unsafe { bench_leaf() };
+    if tree {
+        for _ in 0..calls / 3 {
+            // SAFETY: a plain C function without arguments.
+            unsafe { bench_tree() };
+        }
+    } else {
+        for _ in 0..calls {
+            // SAFETY: a plain C function without arguments.
+            unsafe { bench_leaf() };
+        }
     }
     let ns = start.elapsed().as_nanos() as f64;
     for u in &users {
@@ -113,7 +145,13 @@ pub fn time(mode: Mode, calls: u64) -> f64 {
     if let Some(fp) = &probe {
         let _ = fprobe::unregister_fprobe(fp);
     }
-    ns / calls.max(1) as f64
+    let traced = if tree { calls / 3 * 3 } else { calls };
+    let seen = TREE_CALLS.each_ref().map(|c| c.load(Relaxed));
+    if tree && seen != [traced; 2] {
+        eprintln!("fgraph_multi: the call tree made {traced} calls, {} entries and {} returns were traced", seen[0], seen[1]);
+        std::process::exit(1);
+    }
+    ns / traced.max(1) as f64
 }
 
 struct Row {

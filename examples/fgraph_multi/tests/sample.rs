@@ -96,7 +96,7 @@ fn a_bad_filter_is_refused() {
 
 #[test]
 fn every_benchmark_mode_runs() {
-    for mode in ["untraced", "entry-only", "entry-exit", "entry-exit-skip", "two-users", "fprobe-entry", "fprobe-entry-exit"] {
+    for mode in ["untraced", "entry-only", "entry-exit", "entry-exit-skip", "two-users", "fprobe-entry", "fprobe-entry-exit", "tree-entry-exit-skip"] {
         let (ok, out) = run(&["--quiet", "--mode", mode, "--calls", "2000"]);
         assert!(ok, "{mode}: {out}");
         assert!(out.trim().parse::<f64>().is_ok_and(|ns| ns > 0.0), "{mode}: {out}");
