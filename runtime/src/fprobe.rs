@@ -383,18 +383,52 @@ pub fn registered() -> usize {
 extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> bool {
     let Some(t) = tables() else { return false };
     let Ok(i) = t.by_ip.binary_search_by_key(&ent.func, |e| e.0) else { return false };
-    match &*t.by_ip[i].1 {
-        // The common case, one fprobe on the site: nothing kept across the
-        // handler call.
-        [p] => probe_entry(t, p, ent, fregs, true),
-        probes => probes_entry(t, probes, ent, fregs),
+    let probes = &*t.by_ip[i].1;
+    if let [p] = probes {
+        // SAFETY: the registry holds an Arc of every fprobe in the tables,
+        // released a grace period after it leaves them; we are inside
+        // dispatch.
+        let fp = unsafe { &*p.fp };
+        // The common cases, one fprobe on the site and no entry data: the
+        // handler call comes last, so nothing is kept across it.
+        if fp.entry_data_size == 0 {
+            if let Some(h) = fp.entry_handler {
+                let ret_ip = fregs.return_address();
+                if fp.exit_handler.is_none() {
+                    h(fp, ent.func, ret_ip, fregs, &mut []);
+                    return false;
+                }
+                let Some(b) = ent.reserve(HEADER) else {
+                    fp.nmissed.fetch_add(1, Relaxed);
+                    return false;
+                };
+                write_header(t, p, b);
+                // (Skipping the exit: fgraph drops the block with the frame.)
+                return h(fp, ent.func, ret_ip, fregs, &mut []) == EntryAction::Continue;
+            }
+        }
     }
+    probes_entry(t, probes, ent, fregs)
 }
 
-/// Several fprobes on one site.
+/// Every other case: several fprobes on the site, entry data, no entry
+/// handler.
 #[inline(never)]
 fn probes_entry(t: &Tables, probes: &[Probe], ent: &GraphEnt, fregs: &mut FtraceRegs) -> bool {
-    probes.iter().fold(false, |want, p| probe_entry(t, p, ent, fregs, false) | want)
+    let alone = probes.len() == 1;
+    probes.iter().fold(false, |want, p| probe_entry(t, p, ent, fregs, alone) | want)
+}
+
+/// A fresh block's header (see the module docs).
+#[inline(always)]
+fn write_header(t: &Tables, p: &Probe, b: *mut u64) {
+    // SAFETY: `b` is a fresh block of at least HEADER bytes, u64-aligned,
+    // ours alone until the frame is popped.
+    unsafe {
+        b.write(p.fp as usize as u64);
+        b.add(1).write(p.id);
+        b.add(2).write(t.gen);
+    }
 }
 
 /// One fprobe's entry: its handler, and its block when it has an exit
@@ -423,35 +457,22 @@ fn probe_entry(t: &Tables, p: &Probe, ent: &GraphEnt, fregs: &mut FtraceRegs, al
         fp.nmissed.fetch_add(1, Relaxed);
         return false;
     };
+    // The header first: after the handler only its verdict is left.
+    write_header(t, p, b);
     // SAFETY: `b` is this call's fresh block of HEADER + size bytes,
     // u64-aligned and initialised (the shadow stack's words), ours alone
     // until the frame is popped.
-    let (head, data) = unsafe { (std::slice::from_raw_parts_mut(b, HEADER / 8), std::slice::from_raw_parts_mut(b.add(HEADER / 8) as *mut u8, size)) };
-    // The header first: after the handler only its verdict is left.
-    head[0] = p.fp as usize as u64;
-    head[1] = p.id;
-    head[2] = t.gen;
-    // The entry data is zeroed out of line: the common case (none) then
-    // keeps no registers across calls.
+    let data = unsafe { std::slice::from_raw_parts_mut(b.add(HEADER / 8) as *mut u8, size) };
+    data.fill(0);
     let go = match fp.entry_handler {
-        Some(h) if size == 0 => h(fp, ent.func, ret_ip, fregs, data) == EntryAction::Continue,
-        Some(h) => entry_with_data(h, fp, ent.func, ret_ip, fregs, data) == EntryAction::Continue,
-        None => {
-            data.fill(0);
-            true
-        }
+        Some(h) => h(fp, ent.func, ret_ip, fregs, data) == EntryAction::Continue,
+        None => true,
     };
     if !go && !alone {
-        head[0] = 0;
+        // SAFETY: as above.
+        unsafe { b.write(0) };
     }
     go
-}
-
-/// An entry handler with entry data (zeroed first) and an exit.
-#[inline(never)]
-fn entry_with_data(h: EntryHandler, fp: &Fprobe, ip: usize, ret_ip: usize, fregs: &mut FtraceRegs, data: &mut [u8]) -> EntryAction {
-    data.fill(0);
-    h(fp, ip, ret_ip, fregs, data)
 }
 
 /// An entry handler with entry data but no exit: the data lives on this
