@@ -235,6 +235,14 @@ fn open(dir: &Path) -> Trace {
     t
 }
 
+/// `record_tracee` with function_graph and no options, checked to have
+/// succeeded: the trace and the program's own counters.
+fn record_graph_ok(name: &str, args: &[&str]) -> (Trace, BTreeMap<String, u64>) {
+    let (dir, out) = record_tracee(name, "function_graph", args, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (open(&dir), counters(&out.stdout).swap_remove(0))
+}
+
 fn count(m: &BTreeMap<String, (u64, u64)>, f: &str) -> (u64, u64) {
     m.get(f).copied().unwrap_or_default()
 }
@@ -317,11 +325,8 @@ fn signal_handlers_calling_traced_functions_are_recorded_or_reported() {
 /// is recorded, each thread's last buffer written at its exit.
 #[test]
 fn a_threads_first_event_from_a_handler_that_interrupted_malloc() {
-    let (dir, out) = record_tracee("first-in-handler", "function_graph", &["first-in-handler", "20"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let want = &counters(&out.stdout)[0];
+    let (t, want) = record_graph_ok("first-in-handler", &["first-in-handler", "20"]);
     assert_eq!((want["rec_on_first"], want["rec_leaf"]), (20, 20));
-    let t = open(&dir);
     let p = &t.processes[0];
     check_nesting(p);
     let got = per_function(p);
@@ -336,11 +341,8 @@ fn a_threads_first_event_from_a_handler_that_interrupted_malloc() {
 #[test]
 fn longjmp_closes_the_calls_it_left_as_unwound() {
     use ftramp_trace::calls::{CallTree, End};
-    let (dir, out) = record_tracee("longjmp", "function_graph", &["longjmp"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let want = &counters(&out.stdout)[0];
+    let (t, want) = record_graph_ok("longjmp", &["longjmp"]);
     assert_eq!((want["rec_jump"], want["rec_leaf"]), (12, 3));
-    let t = open(&dir);
     let p = &t.processes[0];
     check_nesting(p);
     let main = p.threads.iter().find(|t| t.tid == p.pid).expect("the main thread");

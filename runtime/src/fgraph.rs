@@ -1224,13 +1224,13 @@ impl GraphRet {
     pub(crate) fn only_block(&self) -> Option<(*mut u64, usize)> {
         let sh = self.sh();
         // The frame returned from is the top one (nothing is pushed while
-        // busy) and complete: its header and fixed words are below `top`.
+        // busy); it exists, so `top_frame`'s empty-stack test is skipped.
         let top = sh.top.get();
-        let fb = top - 1 - word::off(sh.get(top - 1));
-        let w = sh.get(fb);
+        let f = Frame { fb: top - 1 - word::off(sh.get(top - 1)), top };
+        let w = sh.get(f.fb);
         let size = word::off(w);
-        let only = word::kind(w) == word::TYPE_DATA && word::user(w) == sh.cur_user.get() && fb + 1 + word::data_words(size) == top - word::FIXED;
-        only.then(|| (sh.ptr(fb + 1), size))
+        let only = word::kind(w) == word::TYPE_DATA && word::user(w) == sh.cur_user.get() && f.fb + 1 + word::data_words(size) == f.top - word::FIXED;
+        only.then(|| (sh.ptr(f.fb + 1), size))
     }
 
     /// [`for_each_data`](GraphRet::for_each_data) with the blocks' first
@@ -1320,7 +1320,7 @@ fn pop_frame(sh: &Shadow, fregs: &mut FtraceRegs) -> usize {
     // A frame pushed with a time gets one at return.
     let calltime = sh.get(top - word::CALLTIME);
     if calltime != 0 {
-        ret_times(&mut rec, calltime);
+        (rec.calltime, rec.rettime) = clock::ticks_pair_to_ns(calltime, clock::ticks());
     }
     // (A complete frame's bitmap is never 0.)
     let m = word::bitmap(head);
@@ -1333,18 +1333,14 @@ fn pop_frame(sh: &Shadow, fregs: &mut FtraceRegs) -> usize {
     } else {
         call_rets(sh, &rec, fregs, head);
     }
-    // (The frame is still the top one: nothing is pushed while busy.)
+    // The frame is still the top one (nothing is pushed while busy); `top`
+    // is read again rather than kept across the callbacks (one register
+    // fewer to save).
     let top = sh.top.get();
     let ret = sh.get(top - word::RET) as usize;
     sh.top.set(top - 1 - word::off(head));
     sh.depth.set(sh.depth.get() - 1);
     ret
-}
-
-/// The call's times (ns) from its entry's ticks.
-#[inline(always)]
-fn ret_times(rec: &mut GraphRet, calltime: u64) {
-    (rec.calltime, rec.rettime) = clock::ticks_pair_to_ns(calltime, clock::ticks());
 }
 
 /// The return callbacks of several users (FRAME header `head`).

@@ -398,11 +398,9 @@ extern "C" fn fp_entry(ent: &GraphEnt, _g: &Fgraph, fregs: &mut FtraceRegs) -> b
                     h(fp, ent.func, ret_ip, fregs, &mut []);
                     return false;
                 }
-                let Some(b) = ent.reserve(HEADER) else {
-                    fp.nmissed.fetch_add(1, Relaxed);
+                if reserve_block(t, p, fp, ent).is_none() {
                     return false;
-                };
-                write_header(t, p, b);
+                }
                 // (Skipping the exit: fgraph drops the block with the frame.)
                 return h(fp, ent.func, ret_ip, fregs, &mut []) == EntryAction::Continue;
             }
@@ -419,9 +417,15 @@ fn probes_entry(t: &Tables, probes: &[Probe], ent: &GraphEnt, fregs: &mut Ftrace
     probes.iter().fold(false, |want, p| probe_entry(t, p, ent, fregs, alone) | want)
 }
 
-/// A fresh block's header (see the module docs).
+/// Reserves `fp`'s block for this call (its entry data not zeroed) and
+/// writes its header (see the module docs); `None`, counted in `nmissed`,
+/// when it does not fit.
 #[inline(always)]
-fn write_header(t: &Tables, p: &Probe, b: *mut u64) {
+fn reserve_block(t: &Tables, p: &Probe, fp: &Fprobe, ent: &GraphEnt) -> Option<*mut u64> {
+    let Some(b) = ent.reserve(HEADER + fp.entry_data_size) else {
+        fp.nmissed.fetch_add(1, Relaxed);
+        return None;
+    };
     // SAFETY: `b` is a fresh block of at least HEADER bytes, u64-aligned,
     // ours alone until the frame is popped.
     unsafe {
@@ -429,6 +433,7 @@ fn write_header(t: &Tables, p: &Probe, b: *mut u64) {
         b.add(1).write(p.id);
         b.add(2).write(t.gen);
     }
+    Some(b)
 }
 
 /// One fprobe's entry: its handler, and its block when it has an exit
@@ -453,12 +458,8 @@ fn probe_entry(t: &Tables, p: &Probe, ent: &GraphEnt, fregs: &mut FtraceRegs, al
         }
         return false;
     }
-    let Some(b) = ent.reserve(HEADER + size) else {
-        fp.nmissed.fetch_add(1, Relaxed);
-        return false;
-    };
     // The header first: after the handler only its verdict is left.
-    write_header(t, p, b);
+    let Some(b) = reserve_block(t, p, fp, ent) else { return false };
     // SAFETY: `b` is this call's fresh block of HEADER + size bytes,
     // u64-aligned and initialised (the shadow stack's words), ours alone
     // until the frame is popped.
@@ -523,6 +524,9 @@ fn probe_exit(t: &Tables, ret: &GraphRet, fregs: &mut FtraceRegs, b: *mut u64, s
 #[cold]
 #[inline(never)]
 fn probe_exit_changed(ret: &GraphRet, fregs: &mut FtraceRegs, b: *mut u64, size: usize) {
+    // The current tables, read again rather than passed (the caller's call
+    // then takes its arguments in registers); newer than the caller's is
+    // as good.
     let Some(t) = tables() else { return };
     // SAFETY: as in probe_exit.
     let head = unsafe { std::slice::from_raw_parts(b, HEADER / 8) };
