@@ -62,6 +62,17 @@ fn main() {
         assert!(status.success(), "{cmd:?} failed");
         println!("cargo:rustc-env=FTRAMP_UNWIND_DL_SO={}", so.display());
     }
+    if arch == "x86_64" {
+        // __m256 arguments and returns (tests/vector_upper.rs).
+        println!("cargo:rerun-if-changed={}", c.join("tracee_avx.c").display());
+        let mut b = cc::Build::new();
+        base(&mut b);
+        b.flag("-mavx");
+        for f in flags("flags") {
+            b.flag(&f);
+        }
+        b.file(c.join("tracee_avx.c")).compile("ftramp_tracee_avx");
+    }
     let mut b = cc::Build::new();
     b.opt_level(2).include(&c).file(c.join("harness.c")).compile("ftramp_harness");
     build_sites(&c.join("sites"), arch, &flags("flags"), &flags("callsite_flags"));

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Dispatch, SiteEntry, Tier, Variant};
+use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Dispatch, GenOptions, SiteEntry, Tier, Variant};
 use std::io::Write as _;
 use std::path::PathBuf;
 
@@ -102,6 +102,12 @@ enum Cmd {
         /// `ftrace_call_through` (see README, "Stub entry").
         #[arg(long)]
         stub: bool,
+        /// Keep the upper halves of the vector registers too (x86_64: `ymm`, for
+        /// `__m256` arguments and return values, which AVX code in a callback can
+        /// clear); the code then needs a CPU with AVX.  The runtime does this on
+        /// its own where the CPU has AVX (see README, "Vector upper halves").
+        #[arg(long)]
+        vector_upper: bool,
     },
     /// Run a program and record its function calls into a trace directory
     /// (`ftramp record [options] -- PROG ARGS...`; exits with the program's status).
@@ -138,6 +144,13 @@ enum Cmd {
         /// Prefix for every symbol the object defines.
         #[arg(long, default_value = "")]
         prefix: String,
+        /// Keep the upper halves of the vector registers too (x86_64: `ymm`, for
+        /// `__m256` arguments and return values, which AVX code in a callback can
+        /// clear); the code then needs a CPU with AVX.  The runtime does this on
+        /// its own where the CPU has AVX (see README, "Vector upper halves").
+        #[arg(long)]
+        vector_upper: bool,
+
     },
     /// Build the bundled C demo (threads, recursion, a shared library) with
     /// this machine's patch-site flags, record it and replay the trace.
@@ -226,7 +239,7 @@ fn main() -> Result<()> {
                 }
             }
         }
-        Cmd::Asm { arch: a, variant, all, stub } => {
+        Cmd::Asm { arch: a, variant, all, stub, vector_upper } => {
             let specs = if all {
                 arch::all().map(|b| Spec::builtin(b.name())).collect::<Result<Vec<_>, _>>()?
             } else {
@@ -241,19 +254,28 @@ fn main() -> Result<()> {
                     }
                     bail!("--stub: the {} spec ({}) has no stub entry (site.stub); only x86_64's has", spec.name, spec.file);
                 }
-                let image = Image::generate_for(&spec, &vs, entry)?;
+                if vector_upper && spec.vector_upper_bytes == 0 {
+                    if all {
+                        continue;
+                    }
+                    bail!("--vector-upper: the {} spec ({}) has no upper vector bits (registers.vector_upper_bytes); only x86_64's has", spec.name, spec.file);
+                }
+                let image = Image::generate_opts(&spec, &vs, GenOptions { entry, vector_upper })?;
                 out!("==== {} ({}) ====", spec.name, spec.file);
                 outp!("{}", listing::image(&spec, &image)?);
             }
         }
         Cmd::Demo(a) => demo::run(a)?,
-        Cmd::Gen { arch: a, output, header: want_header, variant, prefix } => {
+        Cmd::Gen { arch: a, output, header: want_header, variant, prefix, vector_upper } => {
             let spec = a.load()?;
             let bytes = if want_header {
                 header::header(&spec, &prefix).into_bytes()
             } else {
                 let vs = variants(&variant, &DEFAULT_OBJECT)?;
-                let image = Image::generate(&spec, &vs)?;
+                if vector_upper && spec.vector_upper_bytes == 0 {
+                    bail!("--vector-upper: the {} spec ({}) has no upper vector bits (registers.vector_upper_bytes); only x86_64's has", spec.name, spec.file);
+                }
+                let image = Image::generate_opts(&spec, &vs, GenOptions { entry: SiteEntry::Call, vector_upper })?;
                 object::write(&spec, &image, &object::ObjectOptions { prefix })?
             };
             match output.as_deref() {

@@ -13,7 +13,7 @@
 
 use crate::arch::{self, Arch, Fixup};
 use crate::frame::FrameLayout;
-use crate::program::{self, CodegenError, DataWord, SiteEntry, Step, Variant};
+use crate::program::{self, GenOptions, CodegenError, DataWord, SiteEntry, Step, Variant};
 use crate::spec::Spec;
 
 /// Trampolines start at this alignment.
@@ -32,6 +32,8 @@ pub struct Trampoline {
     pub entry: usize,
     /// Each step with the code offset (image-relative) where it starts.
     pub steps: Vec<(usize, Step)>,
+    /// Bytes of stack it allocates ([`program::frame_size_with`]).
+    pub frame: u32,
 }
 
 /// Generated code plus data words.
@@ -46,6 +48,9 @@ pub struct Image {
     pub data: Vec<DataWord>,
     /// How sites enter its entry trampolines.
     pub site_entry: SiteEntry,
+    /// Its trampolines keep the vector registers' upper bits
+    /// ([`GenOptions::vector_upper`]).
+    pub vector_upper: bool,
 }
 
 impl Image {
@@ -58,18 +63,32 @@ impl Image {
     /// As [`Image::generate`], for sites that enter as `entry`
     /// ([`SiteEntry::Stub`] needs a spec with `site.stub`).
     pub fn generate_for(spec: &Spec, variants: &[Variant], entry: SiteEntry) -> Result<Image, CodegenError> {
+        Self::generate_opts(spec, variants, GenOptions { entry, vector_upper: false })
+    }
+
+    /// As [`Image::generate`], with every generation option
+    /// ([`GenOptions::vector_upper`] needs a spec with
+    /// `registers.vector_upper_bytes`).
+    pub fn generate_opts(spec: &Spec, variants: &[Variant], opts: GenOptions) -> Result<Image, CodegenError> {
         let backend = arch::lookup(&spec.name)?;
-        Self::generate_with_entry(backend, spec, variants, entry)
+        Self::generate_with_opts(backend, spec, variants, opts)
     }
 
     /// As [`Image::generate`], with an explicit backend.
     pub fn generate_with(backend: &dyn Arch, spec: &Spec, variants: &[Variant]) -> Result<Image, CodegenError> {
-        Self::generate_with_entry(backend, spec, variants, SiteEntry::Call)
+        Self::generate_with_opts(backend, spec, variants, GenOptions::default())
     }
 
-    fn generate_with_entry(backend: &dyn Arch, spec: &Spec, variants: &[Variant], entry: SiteEntry) -> Result<Image, CodegenError> {
+    fn generate_with_opts(backend: &dyn Arch, spec: &Spec, variants: &[Variant], opts: GenOptions) -> Result<Image, CodegenError> {
+        let entry = opts.entry;
         if entry == SiteEntry::Stub && !spec.raw.site.stub {
             return Err(CodegenError::Unsupported { arch: backend.name(), what: "stub entry (the spec does not set site.stub)".into() });
+        }
+        if opts.vector_upper && spec.vector_upper_bytes == 0 {
+            return Err(CodegenError::Unsupported {
+                arch: backend.name(),
+                what: "vector upper bits (the spec does not set registers.vector_upper_bytes)".into(),
+            });
         }
         for v in variants {
             if let Variant::Entry { dispatch: program::Dispatch::Multi(n), .. } = *v {
@@ -91,7 +110,7 @@ impl Image {
             let mut e = backend.emitter(spec);
             let mut placed = Vec::new();
             let mut symbol_at = start;
-            for step in program::steps_for(spec, &layout, variant, entry) {
+            for step in program::steps_with(spec, &layout, variant, opts) {
                 placed.push((start + e.pos(), step.clone()));
                 lower(e.as_mut(), spec, &step)?;
                 if matches!(step, Step::CallThrough { .. }) {
@@ -101,13 +120,14 @@ impl Image {
             let (bytes, fx) = e.finish()?;
             fixups.extend(fx.into_iter().map(|f| Fixup { at: f.at + start, ..f }));
             code.extend_from_slice(&bytes);
-            trampolines.push(Trampoline { variant, symbol: variant.symbol(), offset: start, len: bytes.len(), entry: symbol_at, steps: placed });
+            let frame = program::frame_size_with(spec, &layout, variant, opts);
+            trampolines.push(Trampoline { variant, symbol: variant.symbol(), offset: start, len: bytes.len(), entry: symbol_at, steps: placed, frame });
         }
         let mut data: Vec<DataWord> = DataWord::ALL.into_iter().filter(|w| fixups.iter().any(|f| f.word == *w)).collect();
         if variants.iter().any(|v| matches!(v, Variant::Entry { dispatch: program::Dispatch::List, .. })) && !data.contains(&DataWord::FunctionTraceOp) {
             data.insert(0, DataWord::FunctionTraceOp);
         }
-        Ok(Image { arch: backend.name(), layout, code, fixups, trampolines, data, site_entry: entry })
+        Ok(Image { arch: backend.name(), layout, code, fixups, trampolines, data, site_entry: entry, vector_upper: opts.vector_upper })
     }
 
     /// Offset of `ftrace_call_through` (the prefix of a stub-entry
@@ -161,6 +181,8 @@ fn lower(e: &mut dyn arch::Emitter, spec: &Spec, step: &Step) -> Result<(), Code
         Step::CallThrough { scratch } => e.call_through(*scratch),
         Step::AlignSp { scratch } => e.align_sp(*scratch, spec.stack_alignment),
         Step::RestoreSp => e.restore_sp(),
+        Step::StoreUpper { reg, base, off } => e.store_upper(*reg, *base, *off),
+        Step::RestoreUppers { regs, base, scratch } => e.restore_uppers(regs, *base, *scratch),
         Step::SaveFlags { off, scratch } => e.save_flags(*off, *scratch),
         Step::RestoreFlags { off, scratch } => e.restore_flags(*off, *scratch),
         Step::StorePair { a, b, base, off, .. } => e.store_pair(*a, *b, *base, *off, spec.reg_bytes(a.class) as i32),

@@ -31,5 +31,5 @@ pub mod spec;
 
 pub use frame::{FrameLayout, Tier};
 pub use image::Image;
-pub use program::{CodegenError, DataWord, Dispatch, SiteEntry, Variant};
+pub use program::{CodegenError, DataWord, Dispatch, GenOptions, SiteEntry, Variant};
 pub use spec::{Spec, SpecError};

@@ -65,7 +65,7 @@ fn fixup_text(spec: &Spec, f: &Fixup) -> String {
 pub fn trampoline(spec: &Spec, image: &Image, t: &Trampoline) -> Result<String, CodegenError> {
     let cs = disassembler(spec)?;
     let mut s = String::new();
-    let frame = crate::program::frame_size(&image.layout, t.variant);
+    let frame = t.frame;
     let _ = writeln!(s, "{} ({}, {}): {} bytes, frame {} bytes", t.symbol, spec.name, t.variant, t.len, frame);
     let _ = writeln!(s, "\n-- steps --");
     for (off, step) in &t.steps {

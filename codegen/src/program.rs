@@ -58,6 +58,26 @@
 //! Xeon VM.)  Objects keep the `call` form (their ABI, DESIGN §2):
 //! their traced function's `ret` pops the caller's entry, mispredicted,
 //! and `return_to_handler` then jumps.
+//!
+//! # Vector upper halves (x86_64 AVX)
+//!
+//! The `ftrace_regs` vector slots hold `vector_bytes` (x86_64: `xmm`, 16
+//! bytes), but on a CPU with AVX the same registers are the low halves of
+//! `ymm`, whose upper halves carry `__m256` arguments and return values.
+//! The trampolines' legacy-SSE loads and stores leave the upper halves
+//! alone, and so does code compiled for baseline x86_64; but AVX code a
+//! callback runs (glibc's string functions on CPUs without AVX-512) ends
+//! in `vzeroupper`, which clears them.  With [`GenOptions::vector_upper`]
+//! a trampoline also stores the upper halves of the registers it saves
+//! ([`Step::StoreUpper`], into an area below `struct ftrace_regs`) and, before
+//! loading them back, puts the upper halves back only if one of them was
+//! non-zero ([`Step::RestoreUppers`]: an OR of the saved halves and a
+//! test).  So a program that never has live upper halves (every SSE
+//! program, and AVX code between calls, which the compilers clear with
+//! `vzeroupper`) never gets a 256-bit register write from a trampoline,
+//! which would put the CPU in its "dirty upper state" and slow its SSE
+//! code.  The runtime generates this form where the CPU has AVX; objects
+//! do it when asked (`ftramp gen --vector-upper`).
 
 use crate::frame::{FrameLayout, Tier};
 use crate::spec::{Location, Reg, RegClass, SlotKind, Spec};
@@ -95,6 +115,18 @@ pub enum SiteEntry {
     /// The site jumps to a per-site stub that pushes the address after the
     /// site and jumps to the trampoline (specs with `site.stub`).
     Stub,
+}
+
+/// How an image's trampolines are generated, besides their variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct GenOptions {
+    /// How sites enter the entry trampolines.
+    pub entry: SiteEntry,
+    /// Keep the saved vector registers' upper bits too (spec
+    /// `registers.vector_upper_bytes`; x86_64: the upper halves of `ymm`,
+    /// which needs a CPU with AVX).  See "Vector upper halves" in the
+    /// module docs.
+    pub vector_upper: bool,
 }
 
 /// One trampoline kind the generator makes.
@@ -359,6 +391,15 @@ pub enum Step {
     /// leave it there, and the caller's own return, and every return above
     /// it, would then be mispredicted.
     ReturnReg { target: Reg },
+    /// `[base + off] = ` the upper bits of vector register `reg` (spec
+    /// `registers.vector_upper_bytes`; x86_64 `vextractf128`).
+    StoreUpper { reg: Reg, base: Reg, off: i32 },
+    /// Puts back the upper bits [`Step::StoreUpper`] saved at `[base +
+    /// off]` of each `(reg, off)` if any of them is non-zero (else they were
+    /// all zero, which the callbacks leave them as: compiled code clears
+    /// them with `vzeroupper` before it returns).  Clobbers `scratch` (one
+    /// of the registers, whose low part is loaded afterwards) and the flags.
+    RestoreUppers { regs: Vec<(Reg, i32)>, base: Reg, scratch: Reg },
     /// Save sp through `scratch` and align it to the ABI's stack alignment
     /// (specs with `trampoline.realign_sp`); [`Step::RestoreSp`] after the
     /// call undoes it.
@@ -408,10 +449,17 @@ pub fn steps(spec: &Spec, layout: &FrameLayout, variant: Variant) -> Vec<Step> {
 /// ([`SiteEntry::Stub`] only where the spec sets `site.stub`).  A stub-entry
 /// `return_to_handler` starts with the [`Step::CallThrough`] prefix.
 pub fn steps_for(spec: &Spec, layout: &FrameLayout, variant: Variant, entry: SiteEntry) -> Vec<Step> {
-    let stub = entry == SiteEntry::Stub;
+    steps_with(spec, layout, variant, GenOptions { entry, vector_upper: false })
+}
+
+/// [`steps_for`] with every generation option ([`GenOptions::vector_upper`]
+/// only where the spec has `registers.vector_upper_bytes`).
+pub fn steps_with(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: GenOptions) -> Vec<Step> {
+    let stub = opts.entry == SiteEntry::Stub;
+    let upper = opts.vector_upper && spec.vector_upper_bytes > 0;
     let steps = match variant {
-        Variant::Entry { tier, dispatch } => entry_steps(spec, layout, tier, dispatch, stub),
-        Variant::Return => return_steps(spec, layout, stub),
+        Variant::Entry { tier, dispatch } => entry_steps(spec, layout, tier, dispatch, stub, upper),
+        Variant::Return => return_steps(spec, layout, stub, upper),
     };
     let steps = if spec.raw.trampoline.multiple { group_runs(spec, steps) } else { steps };
     if spec.raw.trampoline.pairs {
@@ -550,20 +598,68 @@ pub fn frame_size(layout: &FrameLayout, variant: Variant) -> u32 {
 /// See [`frame_size`]: a multiple of every spec's stack alignment (≤ 16).
 const MULTI_SAVE_AREA: u32 = 16;
 
-fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch, stub: bool) -> Vec<Step> {
+/// The vector registers a variant saves (their `ftrace_regs` slots).
+fn saved_vectors(spec: &Spec, layout: &FrameLayout, variant: Variant) -> Vec<Reg> {
+    match variant {
+        Variant::Entry { tier, .. } => layout
+            .tier_slots(tier)
+            .iter()
+            .filter_map(|s| match s.kind {
+                SlotKind::Reg(r) if r.class == RegClass::Vector => Some(r),
+                _ => None,
+            })
+            .collect(),
+        Variant::Return => spec.fp_ret.clone(),
+    }
+}
+
+/// Bytes below `struct ftrace_regs` that keep the saved vector registers'
+/// upper bits ([`GenOptions::vector_upper`]; 0 without), a multiple of 16.
+pub fn upper_area(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: GenOptions) -> u32 {
+    if !opts.vector_upper || spec.vector_upper_bytes == 0 {
+        return 0;
+    }
+    (saved_vectors(spec, layout, variant).len() as u32 * spec.vector_upper_bytes).div_ceil(16) * 16
+}
+
+/// [`frame_size`] with the generation options: the upper-bits area
+/// ([`upper_area`]) lies below `struct ftrace_regs`.
+pub fn frame_size_with(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: GenOptions) -> u32 {
+    frame_size(layout, variant) + upper_area(spec, layout, variant, opts)
+}
+
+/// The upper-bits steps of a variant that saves `vectors` with the upper
+/// area at `[sp + 0]`: the stores, and the restore (empty without the area).
+fn upper_steps(spec: &Spec, vectors: &[Reg], upper: bool) -> (Vec<Step>, Vec<Step>) {
+    if !upper || vectors.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
+    let sp = spec.sp;
+    let size = spec.vector_upper_bytes as i32;
+    let regs: Vec<(Reg, i32)> = vectors.iter().enumerate().map(|(i, r)| (*r, i as i32 * size)).collect();
+    let stores = regs.iter().map(|&(reg, off)| Step::StoreUpper { reg, base: sp, off }).collect();
+    (stores, vec![Step::RestoreUppers { regs: regs.clone(), base: sp, scratch: vectors[0] }])
+}
+
+fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch, stub: bool, upper: bool) -> Vec<Step> {
     let sp = spec.sp;
     let t = spec.scratch[0];
-    let frame = frame_size(layout, Variant::Entry { tier, dispatch }) as i32;
+    let variant = Variant::Entry { tier, dispatch };
+    let opts = GenOptions { entry: if stub { SiteEntry::Stub } else { SiteEntry::Call }, vector_upper: upper };
+    // The upper-bits area, if any, is below everything else.
+    let below = upper_area(spec, layout, variant, opts) as i32;
+    let frame = frame_size_with(spec, layout, variant, opts) as i32;
     // Multi: where `ip` and `parent_ip` are kept for the later calls.
-    let saved_ip = layout.frame_size(tier) as i32;
-    let base = layout.fregs_base() as i32;
+    let saved_ip = below + layout.frame_size(tier) as i32;
+    let base = below + layout.fregs_base() as i32;
+    let (save_upper, restore_upper) = upper_steps(spec, &saved_vectors(spec, layout, variant), upper);
     let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
     // Distance from our sp to the trampoline's entry sp.
     let entry = frame;
     // fregs.ip / fregs.return_address are the stack slots themselves (see
     // FrameLayout::stack_aliased_ip): nothing to copy in or write back.
-    let aliased = frame as u32 == layout.stack_aliased_ip.map(|o| o + layout.fregs_base()).unwrap_or(u32::MAX)
+    let aliased = frame as u32 == layout.stack_aliased_ip.map(|o| o + below as u32 + layout.fregs_base()).unwrap_or(u32::MAX)
         && tier == Tier::Args
         && !matches!(dispatch, Dispatch::Multi(n) if n > 1);
     let mut s = Vec::new();
@@ -580,6 +676,7 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
             _ => {}
         }
     }
+    s.extend(save_upper);
     if let Some(off) = flags_off {
         s.push(Step::SaveFlags { off, scratch: t });
     }
@@ -638,6 +735,8 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
 
     // 5. Restore, 6. resume.
     let restore = |s: &mut Vec<Step>| {
+        // (Before the flags: it clobbers them.)
+        s.extend(restore_upper.iter().cloned());
         if let Some(off) = flags_off {
             s.push(Step::RestoreFlags { off, scratch: t });
         }
@@ -751,10 +850,13 @@ fn copy_specials(spec: &Spec, s: &mut Vec<Step>, t: Reg, entry: i32, at: &dyn Fn
     site_ret
 }
 
-fn return_steps(spec: &Spec, layout: &FrameLayout, stub: bool) -> Vec<Step> {
+fn return_steps(spec: &Spec, layout: &FrameLayout, stub: bool, upper: bool) -> Vec<Step> {
     let sp = spec.sp;
-    let frame = layout.frame_size(Tier::Args) as i32;
-    let base = layout.fregs_base() as i32;
+    let opts = GenOptions { entry: if stub { SiteEntry::Stub } else { SiteEntry::Call }, vector_upper: upper };
+    let below = upper_area(spec, layout, Variant::Return, opts) as i32;
+    let frame = frame_size_with(spec, layout, Variant::Return, opts) as i32;
+    let base = below + layout.fregs_base() as i32;
+    let (save_upper, restore_upper) = upper_steps(spec, &saved_vectors(spec, layout, Variant::Return), upper);
     let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
     // The TOC register (ppc64) is saved too: a callee in another module
@@ -769,12 +871,14 @@ fn return_steps(spec: &Spec, layout: &FrameLayout, stub: bool) -> Vec<Step> {
     for r in &saved {
         s.push(Step::Store { reg: *r, base: sp, off: at(SlotKind::Reg(*r)), note: note(SlotKind::Reg(*r)) });
     }
+    s.extend(save_upper);
     let t = spec.scratch[0];
     s.push(Step::AddImm { dst: t, src: sp, imm: frame, note: Note::Text("sp after the return") });
     s.push(Step::Store { reg: t, base: sp, off: at(SlotKind::Sp), note: note(SlotKind::Sp) });
     s.push(Step::AddImm { dst: arg0, src: sp, imm: base, note: Note::Text("fregs") });
     push_call(spec, &mut s, t, [Step::CallData { word: DataWord::ReturnHandler, scratch: t }]);
     s.push(Step::AddImm { dst: spec.return_via, src: spec.int_ret[0], imm: 0, note: Note::Text("the real return address") });
+    s.extend(restore_upper);
     for r in saved.iter().rev() {
         if *r == spec.fp {
             continue;
@@ -824,6 +928,13 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
         Step::ReturnReg { target } => format!("return_reg {}  ; push + ret: pops the caller's return-predictor entry", r(target)),
         Step::PopJump { scratch } => format!("pop_jump  {}  ; resume (no `ret`: the site did not `call`)", r(scratch)),
         Step::CallThrough { scratch } => format!("call_through {}  ; ftrace_call_through: pop the resume address, call it; returns to the next step", r(scratch)),
+        Step::StoreUpper { reg, base, off } => format!("store_upper {} -> {}  ; upper bits", r(reg), mem(base, off)),
+        Step::RestoreUppers { regs, base, scratch } => format!(
+            "restore_uppers {} from {}.. if any is non-zero (test via {})",
+            regs.iter().map(|(g, _)| r(g)).collect::<Vec<_>>().join(","),
+            mem(base, &regs.first().map(|x| x.1).unwrap_or(0)),
+            r(scratch)
+        ),
         Step::AlignSp { scratch } => format!("align_sp  {} (old sp via {})", spec.stack_alignment, r(scratch)),
         Step::RestoreSp => "restore_sp".to_string(),
         Step::StorePair { a, b, base, off, notes } => {

@@ -131,6 +131,12 @@ pub struct RawRegisters {
     pub special: BTreeMap<String, u8>,
     pub vector: Vec<String>,
     pub vector_bytes: u32,
+    /// Bits above `vector_bytes` that the same registers have on some CPUs
+    /// (x86_64 AVX: the upper 16 bytes of `ymm`), which code a callback runs
+    /// may clobber; trampolines generated with
+    /// [`crate::program::GenOptions::vector_upper`] keep them.  0: none.
+    #[serde(default)]
+    pub vector_upper_bytes: u32,
     #[serde(default)]
     pub flags: Option<String>,
     /// A general-purpose register hardwired to zero (riscv64 `zero`): it
@@ -267,6 +273,8 @@ pub struct Spec {
     pub stack_alignment: u32,
     pub call_reserve: u32,
     pub vector_bytes: u32,
+    /// `registers.vector_upper_bytes` (0: none).
+    pub vector_upper_bytes: u32,
     pub nops: Vec<Vec<u8>>,
     pub site_len: usize,
     pub site_return: Location,
@@ -482,6 +490,12 @@ impl Checker<'_> {
         if ![8, 16, 32, 64].contains(&regs.vector_bytes) {
             return Err(self.err("registers.vector_bytes", format!("{} is not 8, 16, 32 or 64", regs.vector_bytes)));
         }
+        if ![0, regs.vector_bytes].contains(&regs.vector_upper_bytes) {
+            return Err(self.err(
+                "registers.vector_upper_bytes",
+                format!("{} is neither 0 nor vector_bytes ({})", regs.vector_upper_bytes, regs.vector_bytes),
+            ));
+        }
         let a = &raw.abi;
         let int_args = self.list("abi.int_args", &a.int_args, Some(RegClass::Gpr))?;
         let fp_args = self.list("abi.fp_args", &a.fp_args, Some(RegClass::Vector))?;
@@ -634,6 +648,7 @@ impl Checker<'_> {
             stack_alignment: a.stack_alignment,
             call_reserve: a.call_reserve,
             vector_bytes: regs.vector_bytes,
+            vector_upper_bytes: regs.vector_upper_bytes,
             nops,
             site_len,
             site_return,

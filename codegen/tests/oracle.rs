@@ -12,7 +12,7 @@
 //! test fails with the command it could not run (set
 //! `FTRAMP_SKIP_ORACLE=1` to skip deliberately).
 
-use ftramp_codegen::{arch, arch::RelocTarget, image::Image, listing, object, spec::Spec, SiteEntry, Tier, Variant};
+use ftramp_codegen::{arch, arch::RelocTarget, image::Image, listing, object, spec::Spec, GenOptions, SiteEntry, Tier, Variant};
 use std::collections::BTreeMap;
 use std::process::Command;
 
@@ -168,8 +168,8 @@ fn variants() -> Vec<Variant> {
     Variant::ALL.into_iter().chain(multi).collect()
 }
 
-fn check_arch(spec: &Spec, entry: SiteEntry) -> Vec<String> {
-    let image = Image::generate_for(spec, &variants(), entry).unwrap();
+fn check_arch(spec: &Spec, opts: GenOptions) -> Vec<String> {
+    let image = Image::generate_opts(spec, &variants(), opts).unwrap();
     let obj = object::write(spec, &image, &object::ObjectOptions::default()).unwrap();
     let dir = std::env::temp_dir().join(format!("ftramp-oracle-{}-{}", spec.name, std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -237,9 +237,16 @@ fn capstone_and_objdump_agree_on_every_trampoline() {
     let mut problems = Vec::new();
     for backend in arch::all() {
         let spec = Spec::builtin(backend.name()).unwrap();
-        problems.extend(check_arch(&spec, SiteEntry::Call));
+        problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Call, vector_upper: false }));
         if spec.raw.site.stub {
-            problems.extend(check_arch(&spec, SiteEntry::Stub));
+            problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Stub, vector_upper: false }));
+        }
+        // The upper-halves steps (x86_64 AVX), in both site forms.
+        if spec.vector_upper_bytes > 0 {
+            problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Call, vector_upper: true }));
+            if spec.raw.site.stub {
+                problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Stub, vector_upper: true }));
+            }
         }
     }
     assert!(problems.is_empty(), "{} disagreements:\n{}", problems.len(), problems.join("\n"));

@@ -4,7 +4,7 @@
 //! The listings carry two views: the generator's steps and capstone's
 //! disassembly of the bytes (checked against GNU objdump by `oracle.rs`).
 
-use ftramp_codegen::{arch, image::Image, listing, spec::Spec, Dispatch, SiteEntry, Tier, Variant};
+use ftramp_codegen::{arch, image::Image, listing, spec::Spec, Dispatch, GenOptions, SiteEntry, Tier, Variant};
 
 /// Variants outside [`Variant::ALL`] that get a snapshot too: multi
 /// dispatch with two (args tier) and three (regs tier) tracers.
@@ -69,6 +69,31 @@ fn stub_entry_variants() {
         }
     }
     assert_eq!(count, 3, "x86_64 has stub entry");
+}
+
+/// The upper halves of the vector registers (specs with
+/// `registers.vector_upper_bytes`: x86_64 AVX), in the forms the runtime
+/// uses (stub entry) — refused where the spec has none.
+#[test]
+fn vector_upper_variants() {
+    let mut count = 0;
+    for backend in arch::all() {
+        let spec = Spec::builtin(backend.name()).unwrap();
+        let opts = GenOptions { entry: if spec.raw.site.stub { SiteEntry::Stub } else { SiteEntry::Call }, vector_upper: true };
+        if spec.vector_upper_bytes == 0 {
+            assert!(Image::generate_opts(&spec, &[Variant::Return], opts).is_err(), "{}: vector_upper without registers.vector_upper_bytes", backend.name());
+            continue;
+        }
+        for v in [Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Direct }, Variant::Return] {
+            let image = Image::generate_opts(&spec, &[v], opts).unwrap();
+            let text = listing::image(&spec, &image).unwrap();
+            insta::with_settings!({snapshot_path => "../../snapshots", prepend_module_to_snapshot => false, omit_expression => true}, {
+                insta::assert_snapshot!(format!("{}__upper-stub-{}", backend.name(), v.name()), text);
+            });
+            count += 1;
+        }
+    }
+    assert_eq!(count, 2, "x86_64 has vector upper halves");
 }
 
 /// The x86_64 site stub and the site's `jmp`, decoded by capstone at their

@@ -405,7 +405,7 @@ fn return_image() -> Result<&'static JitImage, RuntimeError> {
     let img = IMG.get_or_init(|| {
         let spec = host_spec();
         let make = || -> Result<JitImage, RuntimeError> {
-            let image = Image::generate_for(spec, &[Variant::Return], crate::site_entry())?;
+            let image = Image::generate_opts(spec, &[Variant::Return], crate::gen_options())?;
             let jit = JitImage::install(image, None, spec.raw.site.reach)?;
             jit.set_word(DataWord::ReturnHandler, ftrace_return_to_handler as *const () as usize);
             Ok(jit)

@@ -432,10 +432,10 @@ impl State {
         let imgs = self.images.entry(module).or_default();
         if imgs.list.is_none() {
             let spec = host_spec();
-            let image = Image::generate_for(
+            let image = Image::generate_opts(
                 spec,
                 &[Variant::Entry { tier: Tier::Args, dispatch: Dispatch::List }, Variant::Entry { tier: Tier::Regs, dispatch: Dispatch::List }, Variant::Return],
-                crate::site_entry(),
+                crate::gen_options(),
             )?;
             let jit = JitImage::install(image, Some(near), spec.raw.site.reach)?;
             set_graph_words(&jit)?;
@@ -454,7 +454,7 @@ impl State {
         let imgs = self.images.entry(module).or_default();
         if let std::collections::hash_map::Entry::Vacant(slot) = imgs.direct.entry(key) {
             let spec = host_spec();
-            let image = Image::generate_for(spec, &[Variant::Entry { tier, dispatch: Dispatch::Direct }], crate::site_entry())?;
+            let image = Image::generate_opts(spec, &[Variant::Entry { tier, dispatch: Dispatch::Direct }], crate::gen_options())?;
             let jit = JitImage::install(image, Some(near), spec.raw.site.reach)?;
             set_graph_words(&jit)?;
             jit.set_word(DataWord::DirectOp, Arc::as_ptr(ops) as usize);

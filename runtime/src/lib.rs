@@ -88,6 +88,33 @@ pub fn host_spec() -> &'static Spec {
     SPEC.get_or_init(|| Spec::builtin(HOST_ARCH).expect("the host arch has a valid built-in spec"))
 }
 
+/// How the engine generates its trampolines on this host: [`site_entry`],
+/// and the vector registers' upper halves kept where the spec has them and
+/// the CPU has them (x86_64 with AVX: `__m256` arguments and return values
+/// survive AVX code in a callback; codegen `program.rs`, "Vector upper
+/// halves").  `FTRAMP_VECTOR_UPPER=0` (read once) leaves them out, for
+/// comparisons.
+pub fn gen_options() -> ftramp_codegen::GenOptions {
+    static OPTS: std::sync::OnceLock<ftramp_codegen::GenOptions> = std::sync::OnceLock::new();
+    *OPTS.get_or_init(|| {
+        let off = std::env::var_os("FTRAMP_VECTOR_UPPER").is_some_and(|v| v == "0");
+        ftramp_codegen::GenOptions { entry: site_entry(), vector_upper: !off && host_spec().vector_upper_bytes > 0 && host_has_vector_upper() }
+    })
+}
+
+/// The CPU has the upper vector bits the host spec describes (x86_64: AVX,
+/// enabled by the OS).
+fn host_has_vector_upper() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// How the engine's sites enter their trampolines on this host: through a
 /// per-site stub where the spec sets `site.stub` (x86_64: keeps the
 /// return-stack predictor in step, codegen `program.rs` "Stub entry"),

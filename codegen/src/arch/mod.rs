@@ -163,6 +163,16 @@ pub trait Emitter {
     fn return_reg(&mut self, _target: Reg) -> Result<(), CodegenError> {
         Err(CodegenError::Unsupported { arch: "generic", what: "site.stub (stub entry)".into() })
     }
+    /// `[base + off] = ` the upper bits of vector register `reg`
+    /// ([`crate::program::Step::StoreUpper`]): only arches whose spec sets
+    /// `registers.vector_upper_bytes`.
+    fn store_upper(&mut self, _reg: Reg, _base: Reg, _off: i32) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "registers.vector_upper_bytes (vector upper bits)".into() })
+    }
+    /// [`crate::program::Step::RestoreUppers`].
+    fn restore_uppers(&mut self, _regs: &[(Reg, i32)], _base: Reg, _scratch: Reg) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "registers.vector_upper_bytes (vector upper bits)".into() })
+    }
     /// Bytes emitted so far.
     fn pos(&self) -> usize;
     /// The code and its data-word references.

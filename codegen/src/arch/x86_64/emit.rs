@@ -182,6 +182,43 @@ impl Emitter for X64Emitter {
         Ok(())
     }
 
+    fn store_upper(&mut self, reg: Reg, base: Reg, off: i32) -> Result<(), CodegenError> {
+        let d = Self::disp(off)?;
+        if reg.class != RegClass::Vector {
+            return Err(unsupported(format!("upper bits of non-vector register {}", reg.enc)));
+        }
+        // Reads ymm, writes memory: no register write, so the CPU's upper
+        // state stays as it is.
+        dynasm!(self.ops ; .arch x64 ; vextractf128 OWORD [Rq(base.enc) + d], Ry(reg.enc), 1);
+        Ok(())
+    }
+
+    fn restore_uppers(&mut self, regs: &[(Reg, i32)], base: Reg, scratch: Reg) -> Result<(), CodegenError> {
+        if regs.is_empty() {
+            return Ok(());
+        }
+        let (b, x) = (base.enc, scratch.enc);
+        if scratch.class != RegClass::Vector || regs.iter().any(|(r, _)| r.class != RegClass::Vector) {
+            return Err(unsupported("upper bits of a non-vector register".into()));
+        }
+        // The OR of the saved halves, in VEX.128 form (which zeroes the
+        // scratch's own upper half and writes no 256-bit register); only if
+        // it is non-zero, 256-bit inserts put the halves back.
+        let d0 = Self::disp(regs[0].1)?;
+        dynasm!(self.ops ; .arch x64 ; vmovdqu Rx(x), OWORD [Rq(b) + d0]);
+        for &(_, off) in &regs[1..] {
+            let d = Self::disp(off)?;
+            dynasm!(self.ops ; .arch x64 ; vpor Rx(x), Rx(x), OWORD [Rq(b) + d]);
+        }
+        dynasm!(self.ops ; .arch x64 ; vptest Rx(x), Rx(x) ; jz >zero);
+        for &(reg, off) in regs {
+            let d = Self::disp(off)?;
+            dynasm!(self.ops ; .arch x64 ; vinsertf128 Ry(reg.enc), Ry(reg.enc), OWORD [Rq(b) + d], 1);
+        }
+        dynasm!(self.ops ; .arch x64 ; zero:);
+        Ok(())
+    }
+
     fn pos(&self) -> usize {
         self.ops.offset().0
     }

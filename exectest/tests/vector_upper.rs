@@ -1,0 +1,127 @@
+//! `__m256` arguments and return values through traced functions whose
+//! callbacks run AVX code (x86_64 with AVX): the trampolines keep the upper
+//! halves of `ymm0-7` at entry and of `ymm0-1` at return (codegen
+//! `program.rs`, "Vector upper halves").
+//!
+//! The callbacks clear the upper halves the way glibc's AVX string
+//! functions do (`vzeroupper`) and then fill them with garbage, so a
+//! trampoline that kept only the `xmm` halves hands the traced function (or
+//! its caller) wrong lanes.  The C checker (`tests/c/tracee_avx.c`) counts
+//! them.  The second test runs the first in a child process with the upper
+//! halves left out (`FTRAMP_VECTOR_UPPER=0`) and checks that the lanes are
+//! then wrong: the check can fail.
+#![cfg(target_arch = "x86_64")]
+
+use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
+use ftramp_runtime::ftrace::ftrace;
+use ftramp_runtime::ops::{Filter, Ops};
+use ftramp_runtime::FtraceRegs;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+// The checker and its tracees: `tests/c/tracee_avx.c`, built by build.rs.
+#[link(name = "ftramp_tracee_avx", kind = "static")]
+extern "C" {
+    fn avx_check(rounds: i32) -> i32;
+}
+
+/// Set in the child of [`without_the_upper_halves_the_lanes_are_wrong`].
+const EXPECT_CLOBBER: &str = "FTRAMP_TEST_EXPECT_CLOBBER";
+
+static ENTRIES: AtomicU64 = AtomicU64::new(0);
+static RETURNS: AtomicU64 = AtomicU64::new(0);
+
+/// What AVX code in a callback can leave in the upper halves: cleared by
+/// `vzeroupper`, then all ones in ymm0-7 and back to clear — the last
+/// state a `vzeroupper`-ending function leaves (zero), after upper halves
+/// that were anything.
+fn clobber_upper_halves() {
+    // SAFETY (test): the callbacks run only where the CPU has AVX (the
+    // test returns early elsewhere).
+    unsafe { clobber_avx() }
+}
+
+#[target_feature(enable = "avx")]
+unsafe fn clobber_avx() {
+    // SAFETY (test): only caller-saved vector registers change, which the
+    // asm declares clobbered.
+    unsafe {
+        std::arch::asm!(
+            "vpcmpeqd ymm0, ymm0, ymm0",
+            "vmovdqa ymm1, ymm0", "vmovdqa ymm2, ymm0", "vmovdqa ymm3, ymm0",
+            "vmovdqa ymm4, ymm0", "vmovdqa ymm5, ymm0", "vmovdqa ymm6, ymm0", "vmovdqa ymm7, ymm0",
+            "vzeroupper",
+            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
+            out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
+        );
+    }
+}
+
+extern "C" fn ops_entry(_ip: usize, _parent: usize, _op: &Ops, _fregs: &mut FtraceRegs) {
+    ENTRIES.fetch_add(1, SeqCst);
+    clobber_upper_halves();
+}
+
+extern "C" fn graph_entry(_ent: &GraphEnt, _user: &Fgraph, _fregs: &mut FtraceRegs) -> bool {
+    clobber_upper_halves();
+    true
+}
+
+extern "C" fn graph_ret(_ret: &GraphRet, _user: &Fgraph, _fregs: &mut FtraceRegs) {
+    RETURNS.fetch_add(1, SeqCst);
+    clobber_upper_halves();
+}
+
+fn has_avx() -> bool {
+    std::arch::is_x86_feature_detected!("avx")
+}
+
+#[test]
+fn m256_arguments_and_returns_survive_avx_code_in_callbacks() {
+    if !has_avx() {
+        // Nothing to keep, and the tracee cannot run.
+        assert!(!ftramp_runtime::gen_options().vector_upper, "vector_upper needs AVX");
+        eprintln!("skipped: this CPU has no AVX");
+        return;
+    }
+    let expect_clobber = std::env::var_os(EXPECT_CLOBBER).is_some();
+    assert_eq!(ftramp_runtime::gen_options().vector_upper, !expect_clobber);
+    // SAFETY (test): the checker only calls the two AVX tracees; the CPU has AVX.
+    assert_eq!(unsafe { avx_check(3) }, 0, "untraced");
+
+    let f = || Filter::new().symbol("avx_scale").symbol("avx_fold8");
+    let ops = Arc::new(Ops::new(ops_entry).filter(f()));
+    ftrace().register(ops.clone()).unwrap();
+    let user = Arc::new(Fgraph::new(graph_entry, graph_ret).filter(f()).skip_timestamp(true));
+    fgraph::register_fgraph(user.clone()).unwrap();
+    // SAFETY: as above.
+    let bad = unsafe { avx_check(3) };
+    let (entries, returns) = (ENTRIES.load(SeqCst), RETURNS.load(SeqCst));
+    fgraph::unregister_fgraph(&user).unwrap();
+    ftrace().unregister(&ops).unwrap();
+
+    assert_eq!((entries, returns), (6, 6), "every call of both tracees traced at entry and return");
+    if expect_clobber {
+        assert!(bad > 0, "without the upper halves the callbacks' vzeroupper must show in the lanes");
+    } else {
+        assert_eq!(bad, 0, "wrong lanes: an upper half was lost at entry or return");
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { avx_check(2) }, 0, "untraced again");
+}
+
+#[test]
+fn without_the_upper_halves_the_lanes_are_wrong() {
+    if !has_avx() || std::env::var_os(EXPECT_CLOBBER).is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "m256_arguments_and_returns_survive_avx_code_in_callbacks", "--nocapture", "--test-threads=1"])
+        .env("FTRAMP_VECTOR_UPPER", "0")
+        .env(EXPECT_CLOBBER, "1")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child failed:\n{text}");
+    assert!(text.contains("1 passed"), "the child ran the test:\n{text}");
+}
