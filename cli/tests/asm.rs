@@ -1,4 +1,4 @@
-//! `ftramp asm --stub`: the trampolines as the runtime uses them where the
+//! `ftramp asm --stub` / `--vector-upper`: the trampolines as the runtime uses them where the
 //! spec has stub entry (x86_64), and a clear refusal elsewhere.
 
 use std::process::Command;
@@ -40,4 +40,31 @@ fn stub_listings_are_refused_for_archs_without_stub_entry() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("aarch64") && err.contains("site.stub"), "{err}");
+}
+
+#[test]
+fn vector_upper_listings_save_and_test_the_upper_halves() {
+    let out = ftramp(&["asm", "--arch", "x86_64", "-V", "args-direct", "-V", "return", "--vector-upper"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let count = |s: &str, what: &str| s.lines().filter(|l| l.contains(what)).count();
+    let entry = &text[text.find("ftrace_direct_caller").unwrap()..text.find("return_to_handler").unwrap()];
+    let ret = &text[text.find("return_to_handler").unwrap()..];
+    // ymm0-7 at entry, ymm0-1 at return: stored, then put back only after
+    // the OR test (the jump over the inserts comes before the first one).
+    for (part, n) in [(entry, 8), (ret, 2)] {
+        assert_eq!(count(part, "vextractf128 xmmword ptr"), n, "{part}");
+        assert_eq!(count(part, "vinsertf128 ymm"), n, "{part}");
+        assert_eq!(count(part, "vpor xmm"), n - 1, "{part}");
+        let (test, first) = (part.find("vptest").unwrap(), part.find("vinsertf128").unwrap());
+        assert!(test < first && part[test..first].contains("je "), "{part}");
+    }
+    // The same objects without the option have none of it.
+    let plain = String::from_utf8(ftramp(&["asm", "--arch", "x86_64", "-V", "args-direct"]).stdout).unwrap();
+    assert!(!plain.contains("ymm"), "{plain}");
+    // Archs whose spec has no upper bits refuse it, naming the field.
+    let out = ftramp(&["gen", "--arch", "aarch64", "--vector-upper", "-o", "-"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("aarch64") && err.contains("vector_upper_bytes"), "{err}");
 }
