@@ -59,11 +59,102 @@ thread_local! {
 /// address once.
 #[inline(always)]
 pub(crate) fn this() -> &'static ThreadState {
+    #[cfg(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux"))]
+    {
+        let p = cached::load();
+        if !p.is_null() {
+            // SAFETY: `p` is this thread's block, cached by `this_slow` on
+            // this thread (a thread-local slot); see `this_slow`.
+            return unsafe { &*p };
+        }
+        this_slow()
+    }
+    #[cfg(not(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux")))]
+    {
+        block()
+    }
+}
+
+/// [`this`] through the Rust thread-local (a `__tls_get_addr` call in a
+/// shared library).
+#[inline(always)]
+fn block() -> &'static ThreadState {
     // SAFETY: the block has no destructor, so the thread-local lives at a
     // fixed address until the thread is gone; `ThreadState` is not `Sync`
     // (the shadow stack's Cells), so the reference never reaches another
     // thread.
     THREAD.with(|t| unsafe { &*(t as *const ThreadState) })
+}
+
+/// The thread's first [`this`]: caches the block's address.
+#[cfg(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux"))]
+#[cold]
+#[inline(never)]
+fn this_slow() -> &'static ThreadState {
+    let t = block();
+    cached::store(t);
+    t
+}
+
+/// Feature `tls-cache` (the `ftramp record` preload's build): the block's
+/// address in an 8-byte *initial-exec* thread-local, one `%fs`-relative
+/// load (and a test for the thread's first use) where the Rust thread-local
+/// costs a `__tls_get_addr` call in a shared library (two calls per traced
+/// call, about 3 ns).  Executables reach the Rust thread-local at a
+/// constant offset without a test and do without it.  Stable Rust has no
+/// switch for the TLS model, so the slot is declared in assembly.  It marks
+/// the library `STATIC_TLS`: its whole TLS segment is then placed in the
+/// static TLS block, which is sized at start-up for the libraries loaded
+/// then — fine for a preload, not for a library that may be `dlopen`ed
+/// (glibc keeps little room for those), so libftramp.so goes without.  A
+/// `fork` child inherits the slot and the block with the address space, at
+/// the same addresses.
+#[cfg(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux"))]
+mod cached {
+    use super::ThreadState;
+
+    std::arch::global_asm!(
+        ".pushsection .tbss.ftramp_runtime_this,\"awT\",@nobits",
+        ".p2align 3",
+        ".globl ftramp_runtime_this",
+        ".hidden ftramp_runtime_this",
+        ".type ftramp_runtime_this, @object",
+        ".size ftramp_runtime_this, 8",
+        "ftramp_runtime_this:",
+        ".zero 8",
+        ".popsection",
+    );
+
+    /// The cached address, null before the thread's first [`super::this`].
+    #[inline(always)]
+    pub(super) fn load() -> *const ThreadState {
+        let p: *const ThreadState;
+        // SAFETY: reads this thread's slot (the GOT word holds its offset
+        // from the thread pointer); no other memory, stack or flags.
+        unsafe {
+            std::arch::asm!(
+                "movq ftramp_runtime_this@GOTTPOFF(%rip), {p}",
+                "movq %fs:({p}), {p}",
+                p = out(reg) p,
+                options(att_syntax, pure, readonly, nostack, preserves_flags),
+            );
+        }
+        p
+    }
+
+    /// Caches `t`, this thread's block.
+    pub(super) fn store(t: &'static ThreadState) {
+        // SAFETY: writes this thread's slot only (see `load`).
+        unsafe {
+            std::arch::asm!(
+                "movq ftramp_runtime_this@GOTTPOFF(%rip), {o}",
+                "movq {p}, %fs:({o})",
+                o = out(reg) _,
+                p = in(reg) t as *const ThreadState,
+                options(att_syntax, nostack, preserves_flags),
+            );
+        }
+    }
 }
 
 /// Hooks run at thread exit, in registration order, before the runtime
@@ -228,6 +319,24 @@ mod tests {
         if MARKED.try_with(Cell::get).unwrap_or(false) {
             MARKED_EXITS.fetch_add(1, SeqCst);
         }
+    }
+
+    /// The initial-exec slot caches each thread's own block (feature
+    /// `tls-cache`; the workspace's tests build with it, for the recorder).
+    #[cfg(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn the_tls_cache_holds_each_threads_own_block() {
+        let check = || {
+            let first = this() as *const ThreadState;
+            assert_eq!(first, block() as *const ThreadState);
+            assert_eq!(cached::load(), first, "cached by the first use");
+            assert_eq!(this() as *const ThreadState, first);
+            first as usize
+        };
+        let main = check();
+        let others: Vec<usize> = (0..4).map(|_| std::thread::spawn(check).join().unwrap()).collect();
+        // (Joined threads' blocks may be reused by later threads.)
+        assert!(others.iter().all(|o| *o != main), "{main:#x} {others:x?}");
     }
 
     #[test]
