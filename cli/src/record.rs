@@ -7,6 +7,7 @@ use ftramp_trace::format::record_env as env;
 use ftramp_trace::format::{parse_duration_ns, parse_size, toml_str};
 use std::ffi::OsString;
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -192,8 +193,12 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     let dir = std::fs::canonicalize(&a.output)
         .with_context(|| format!("resolving {}", a.output.display()))?;
 
-    // One clock calibration for every process of the trace.
-    let clock = ftramp_runtime::clock::clock();
+    // One clock calibration for every process of the trace, measured over
+    // the whole run: the processes record with the provisional one, and the
+    // final one goes into `info` when the program is done (no waiting for
+    // it up front).
+    let calibrating = ftramp_runtime::clock::Calibrating::start();
+    let clock = &calibrating.provisional;
     let command: Vec<String> = a
         .command
         .iter()
@@ -250,9 +255,34 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         None => cmd.env_remove(env::BUFFERS),
     };
     use std::os::unix::process::CommandExt as _;
+    // Ctrl-C and Ctrl-\ go to the whole process group: let the program
+    // handle them, and finish the trace after it ends.  (A handler rather
+    // than SIG_IGN: exec resets handlers, so the program starts with the
+    // default actions.)
+    catch_terminal_signals();
     let status = cmd
         .status()
         .with_context(|| format!("running {}", prog.display()))?;
+    let c = calibrating.finish();
+    let calibration = format!(
+        "\n# The clock calibration over the whole run, which readers use for every process\n\
+         # (the task-*.info files hold the provisional one the processes recorded with).\n\
+         [calibration]\nticks_per_sec = {}\nbase_ticks = {}\nbase_ns = {}\n",
+        c.ticks_per_sec,
+        toml_u64(c.base_ticks),
+        toml_u64(c.base_ns)
+    );
+    let info_path = dir.join("info");
+    if let Err(e) = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&info_path)
+        .and_then(|mut f| f.write_all(calibration.as_bytes()))
+    {
+        eprintln!(
+            "ftramp record: cannot add the clock calibration to {}: {e} (the provisional one is used)",
+            info_path.display()
+        );
+    }
 
     let summary = summarize(&dir);
     if summary.images > 0 && summary.sites == 0 {
@@ -286,6 +316,26 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         }
     );
     Ok(code)
+}
+
+/// TOML integers are i64: larger values are written as strings (which the
+/// reader accepts).
+fn toml_u64(v: u64) -> String {
+    if v <= i64::MAX as u64 {
+        v.to_string()
+    } else {
+        format!("\"{v}\"")
+    }
+}
+
+/// While the program runs: SIGINT and SIGQUIT do nothing to `ftramp record`
+/// itself (the program, in the same process group, gets them too).
+fn catch_terminal_signals() {
+    extern "C" fn ignore(_: libc::c_int) {}
+    for sig in [libc::SIGINT, libc::SIGQUIT] {
+        // SAFETY: installs an async-signal-safe handler that does nothing.
+        unsafe { libc::signal(sig, ignore as *const () as libc::sighandler_t) };
+    }
 }
 
 struct Summary {

@@ -83,6 +83,15 @@ fn records_threads_and_writes_info() {
     let t = Trace::open(&d).unwrap();
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     let p = &t.processes[0];
+    // The clock calibration over the whole run, added when the program
+    // ended, replaces the provisional one the process recorded with (same
+    // base, rates within 0.1 %).
+    let run = t.info.calibration.expect("[calibration] in info");
+    let own = std::fs::read_to_string(d.join(format!("task-{}-0.info", p.pid))).unwrap();
+    let own_tps: u64 = own.lines().find_map(|l| l.strip_prefix("ticks_per_sec = ")).unwrap().parse().unwrap();
+    assert_eq!(p.calibration, run);
+    assert!(run.ticks_per_sec.abs_diff(own_tps) * 1000 < run.ticks_per_sec, "{run:?} vs {own_tps}");
+    assert!(own.contains(&format!("base_ticks = {}", run.base_ticks)), "{own}");
     let stdout = String::from_utf8_lossy(&o.stdout);
     let want: u64 = stdout
         .lines()
@@ -219,4 +228,27 @@ fn bad_input_is_refused_with_a_reason() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn ctrl_c_ends_the_program_and_the_trace_is_finished() {
+    // The terminal's Ctrl-C goes to the whole process group: here the
+    // program sends SIGINT to its group itself.  `ftramp record` survives
+    // it, reports the program's end, passes the status on (128 + 2) and
+    // still completes the trace (the run's clock calibration).
+    use std::os::unix::process::CommandExt as _;
+    let d = dir("ctrl-c");
+    let o = ftramp()
+        .arg("record")
+        .arg("-o")
+        .arg(&d)
+        .args(["--", "sh", "-c", "kill -INT 0; sleep 5"])
+        .process_group(0)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("was killed by signal 2"), "{err}");
+    let info = std::fs::read_to_string(d.join("info")).unwrap();
+    assert!(info.contains("[calibration]\nticks_per_sec = "), "{info}");
 }

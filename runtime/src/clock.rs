@@ -252,34 +252,114 @@ pub fn clock() -> &'static Clock {
     })
 }
 
-/// Measures a calibration for this machine.
+/// Measures a calibration for this machine (about 4 ms for the TSC; see
+/// [`Calibrating`]).
 pub fn calibrate() -> Clock {
-    #[cfg(target_arch = "x86_64")]
-    if tsc_reliable() {
-        // Pair each monotonic read with the TSC read in its middle; take the
-        // pair with the shortest window at both ends of ~4 ms.
-        let sample = || {
-            (0..16)
-                .map(|_| {
-                    let a = monotonic_ns();
-                    let t = raw_tsc();
-                    let b = monotonic_ns();
-                    (b - a, t, a + (b - a) / 2)
-                })
-                .min()
-                .map(|(_, t, ns)| (t, ns))
-                .expect("16 samples")
-        };
-        let (t0, n0) = sample();
-        // 4 ms: each end is known to ~50 ns, so ~12 ppm (12 ns per ms of
-        // duration); every `ftramp record` waits for it once.
-        std::thread::sleep(std::time::Duration::from_millis(4));
-        let (t1, n1) = sample();
-        if n1 > n0 && t1 > t0 {
-            let ticks_per_sec = ((t1 - t0) as u128 * 1_000_000_000 / (n1 - n0) as u128) as u64;
-            return Clock { kind: ClockKind::Tsc, ticks_per_sec, base_ticks: t0, base_ns: n0 };
+    let c = Calibrating::start();
+    c.wait_window(WINDOW_NS);
+    c.finish()
+}
+
+/// The shortest window a TSC calibration is measured over: each end is
+/// known to ~50 ns, so ~12 ppm (12 ns per ms of duration).
+const WINDOW_NS: u64 = 4_000_000;
+/// The window of a [`Calibrating::provisional`] clock (~100 ppm).
+const PROVISIONAL_NS: u64 = 500_000;
+
+/// A TSC calibration measured over a window that the caller chooses: from
+/// [`Calibrating::start`] to [`Calibrating::finish`] (the longer, the
+/// better; [`calibrate`] takes 4 ms).  `ftramp record` starts one, runs the program with the
+/// [`provisional`](Calibrating::provisional) clock (measured over 0.5 ms by
+/// `start`), and finishes it when the program has exited, so that nobody
+/// waits for the calibration: the trace's conversion uses the final one.
+/// The two share their base (`base_ticks`, `base_ns`) and differ only in
+/// `ticks_per_sec`, by about 100 ppm.  Clocks that need no measuring
+/// (aarch64's counter, `CLOCK_MONOTONIC`) are final at once.
+#[derive(Debug, Clone)]
+pub struct Calibrating {
+    /// The clock to use until [`Calibrating::finish`].
+    pub provisional: Clock,
+    /// The TSC and monotonic time at the start (TSC only).
+    start: Option<(u64, u64)>,
+}
+
+impl Calibrating {
+    /// Starts a calibration; takes ~0.5 ms for the TSC (a busy wait).
+    pub fn start() -> Calibrating {
+        #[cfg(target_arch = "x86_64")]
+        if tsc_reliable() {
+            let (t0, n0) = tsc_sample();
+            let (mut t1, mut n1) = (t0, n0);
+            while n1 < n0 + PROVISIONAL_NS {
+                std::hint::spin_loop();
+                (t1, n1) = tsc_sample();
+            }
+            if t1 > t0 {
+                let provisional = Clock { kind: ClockKind::Tsc, ticks_per_sec: rate(t0, n0, t1, n1), base_ticks: t0, base_ns: n0 };
+                return Calibrating { provisional, start: Some((t0, n0)) };
+            }
+        }
+        Calibrating { provisional: untimed_clock(), start: None }
+    }
+
+    /// Sleeps until `ns` have passed since [`Calibrating::start`] (for a
+    /// calibration that must be good on its own, as [`calibrate`]'s).
+    pub fn wait_window(&self, ns: u64) {
+        let Some((_, n0)) = self.start else { return };
+        loop {
+            match (n0 + ns).checked_sub(monotonic_ns()) {
+                Some(left) if left > 0 => std::thread::sleep(std::time::Duration::from_nanos(left)),
+                _ => return,
+            }
         }
     }
+
+    /// The final calibration, over the window since [`Calibrating::start`]
+    /// (at least the provisional one's 0.5 ms).  Without waiting: a
+    /// calibration over a run of `d` is off by ~100 ns over that run, what
+    /// the run measures (`ftramp record` of a 1 ms program: 100 ppm, of 1 s:
+    /// 0.1 ppm).
+    pub fn finish(&self) -> Clock {
+        let Some((t0, n0)) = self.start else { return self.provisional.clone() };
+        let (t1, n1) = tsc_sample();
+        if t1 <= t0 || n1 <= n0 {
+            return self.provisional.clone();
+        }
+        Clock { ticks_per_sec: rate(t0, n0, t1, n1), ..self.provisional.clone() }
+    }
+}
+
+/// Ticks per second between two (TSC, monotonic ns) samples.
+fn rate(t0: u64, n0: u64, t1: u64, n1: u64) -> u64 {
+    ((t1 - t0) as u128 * 1_000_000_000 / (n1 - n0).max(1) as u128) as u64
+}
+
+/// A TSC read paired with the monotonic time in its middle: of 16 pairs,
+/// the one with the shortest window.
+fn tsc_sample() -> (u64, u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        (0..16)
+            .map(|_| {
+                let a = monotonic_ns();
+                let t = raw_tsc();
+                let b = monotonic_ns();
+                (b - a, t, a + (b - a) / 2)
+            })
+            .min()
+            .map(|(_, t, ns)| (t, ns))
+            .expect("16 samples")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let n = monotonic_ns();
+        (n, n)
+    }
+}
+
+/// The clock where nothing needs measuring: aarch64's counter at its
+/// architected frequency, else `CLOCK_MONOTONIC`.
+fn untimed_clock() -> Clock {
     #[cfg(target_arch = "aarch64")]
     {
         let f = cntfrq();
@@ -297,6 +377,28 @@ pub fn calibrate() -> Clock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_calibration_over_a_run_refines_the_provisional_one() {
+        let c = Calibrating::start();
+        let p = c.provisional.clone();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let f = c.finish();
+        // Same kind and base; the rates agree to 0.1 % (the provisional
+        // window is 0.5 ms, each end known to well under 1 us).
+        assert_eq!((f.kind, f.base_ticks, f.base_ns), (p.kind, p.base_ticks, p.base_ns));
+        assert!(f.ticks_per_sec.abs_diff(p.ticks_per_sec) * 1000 < f.ticks_per_sec, "{p:?} vs {f:?}");
+        // And the final one converts the run's end to the monotonic time.
+        let t = match f.kind {
+            #[cfg(target_arch = "x86_64")]
+            ClockKind::Tsc => raw_tsc(),
+            #[cfg(target_arch = "aarch64")]
+            ClockKind::Cntvct => raw_cntvct(),
+            _ => monotonic_ns(),
+        };
+        let n = monotonic_ns();
+        assert!(f.to_ns(t).abs_diff(n) < 200_000, "{} vs {n} ({f:?})", f.to_ns(t));
+    }
 
     #[test]
     fn env_value_round_trips_and_rejects_garbage() {

@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! <dir>/                      default ftramp.data
-//!   info                      TOML: version = 1, tracer, command, clock, options
+//!   info                      TOML: version = 1, tracer, command, clock, options; at the
+//!                             end of the run `[calibration]` (ticks_per_sec, base_ticks,
+//!                             base_ns), which readers use for every process when present
 //!   task-<pid>-<n>.info       TOML per process image (n = 0 for the first image of a pid,
 //!                             +1 after each exec); `lost = N` and `exit = "..."` appended
 //!   task-<pid>-<n>.sym        one function per line, appended as modules load:

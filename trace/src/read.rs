@@ -75,6 +75,10 @@ pub struct TraceInfo {
     pub clock: String,
     /// Recording options, for display (`key` → value as written).
     pub options: BTreeMap<String, String>,
+    /// The clock calibration over the whole run (`[calibration]`, written by
+    /// `ftramp record` when the program has ended), which every process's
+    /// timestamps use; `None` in traces without it (each process's own).
+    pub calibration: Option<Calibration>,
 }
 
 impl TraceInfo {
@@ -396,6 +400,14 @@ impl Trace {
             processes.push((p, have[2]));
         }
 
+        // The run's calibration, when `ftramp record` wrote one, is every
+        // process's.
+        if let Some(c) = info.calibration {
+            for (p, _) in &mut processes {
+                p.calibration = c;
+            }
+            uncalibrated.clear();
+        }
         // Every process of a trace shares the recorder's calibration (FTRAMP_CLOCK):
         // borrow one for the images whose .info is missing or bad.
         let shared = processes
@@ -548,6 +560,28 @@ fn parse_trace_info(path: &Path, text: &str, problems: &mut Vec<TraceError>) -> 
             "tracer" => info.tracer = value_str(v),
             "command" => info.command = value_strings(v),
             "clock" => info.clock = value_str(v),
+            "calibration" => {
+                let get = |key: &str| match v {
+                    toml::Value::Table(c) => c.get(key).and_then(value_u64),
+                    _ => None,
+                };
+                match (get("ticks_per_sec").filter(|&n| n > 0), get("base_ticks"), get("base_ns")) {
+                    (Some(ticks_per_sec), Some(base_ticks), Some(base_ns)) => {
+                        info.calibration = Some(Calibration {
+                            ticks_per_sec,
+                            base_ticks,
+                            base_ns,
+                        })
+                    }
+                    _ => problems.push(TraceError::Invalid {
+                        path: path.to_path_buf(),
+                        what: format!(
+                            "bad `[calibration]` {}; each process's own is used",
+                            value_str(v)
+                        ),
+                    }),
+                }
+            }
             "options" => {
                 if let toml::Value::Table(o) = v {
                     info.options

@@ -326,6 +326,48 @@ fn missing_or_bad_info() {
 }
 
 #[test]
+fn the_runs_calibration_is_every_processs() {
+    // `[calibration]` in the trace's info (ftramp record writes it when the
+    // program has ended) replaces the processes' provisional ones: here 4
+    // ticks per ns instead of 2, and a base 1 ms later, so an event 4000 ns
+    // after the base in the processes' calibration lands at
+    // 1 ms + (4000 * 2) / 4 ns.
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let info = dir.path().join("info");
+    let text = std::fs::read_to_string(&info).unwrap();
+    let run = format!(
+        "{text}\n[calibration]\nticks_per_sec = {}\nbase_ticks = {BASE_TICKS}\nbase_ns = {}\n",
+        2 * TPS,
+        BASE_NS + 1_000_000
+    );
+    std::fs::write(&info, &run).unwrap();
+    let t = Trace::open(dir.path()).unwrap();
+    assert!(t.problems.is_empty(), "{:#?}", messages(&t));
+    assert_eq!(t.info.calibration.map(|c| c.ticks_per_sec), Some(2 * TPS));
+    assert_eq!(thread(&t, 102).events[0].ns, BASE_NS + 1_000_000 + 2000);
+    for p in &t.processes {
+        assert_eq!(p.calibration.ticks_per_sec, 2 * TPS, "process {}", p.pid);
+    }
+    // It also stands in for a process's missing .info, without a complaint
+    // about the clock.
+    std::fs::remove_file(dir.path().join(format::task_file_name(102, 0, "info"))).unwrap();
+    let t = Trace::open(dir.path()).unwrap();
+    let m = messages(&t);
+    assert_eq!(m.len(), 1, "{m:#?}");
+    assert!(m[0].ends_with("missing; process details and clock calibration unknown"), "{}", m[0]);
+    assert_eq!(thread(&t, 102).events[0].ns, BASE_NS + 1_000_000 + 2000);
+
+    // A bad one is reported and the processes' own are used.
+    std::fs::write(&info, format!("{text}\n[calibration]\nticks_per_sec = 0\nbase_ticks = 1\n")).unwrap();
+    let t = Trace::open(dir.path()).unwrap();
+    let m = messages(&t);
+    assert!(m.iter().any(|m| m.contains("bad `[calibration]`") && m.contains("each process's own is used")), "{m:#?}");
+    assert_eq!(t.info.calibration, None);
+    assert_eq!(thread(&t, 100).events[11].ns, BASE_NS + 2_020_000);
+}
+
+#[test]
 fn missing_dat() {
     let dir = tempdir();
     demo_trace(dir.path());
