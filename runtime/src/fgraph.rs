@@ -428,7 +428,12 @@ pub fn register_fgraph(user: Arc<Fgraph>) -> Result<(), FgraphError> {
         return Err(OpsError::FromCallback.into());
     }
     return_to_handler()?;
-    clock::clock();
+    // Calibrated here, not in a traced call, and only for a user that
+    // wants times (the TSC's calibration takes 4 ms; fprobe's user and
+    // other skip_timestamp users need none).
+    if !user.skip_timestamp {
+        clock::clock();
+    }
     crate::thread::prepare();
     // Exceptions and panics through hijacked returns (a failure loses only
     // that: unwind::install_error).
