@@ -8,7 +8,7 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use ftramp_codegen::{arch, header, image::Image, object, spec::Spec, Variant};
+use ftramp_codegen::{arch, header, image::Image, object, spec::Spec, GenOptions, Variant};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,6 +26,10 @@ fn in_ci() -> bool {
 
 /// Builds and runs objtest for one arch; returns its output.
 fn run_arch(spec: &Spec) -> Option<String> {
+    run_arch_with(spec, GenOptions::default())
+}
+
+fn run_arch_with(spec: &Spec, opts: GenOptions) -> Option<String> {
     let host = spec.name == "x86_64";
     let cc = if host { "gcc".to_string() } else { format!("{}-gcc", spec.raw.arch.gnu_triple) };
     let qemu = format!("qemu-{}", spec.raw.arch.qemu);
@@ -38,9 +42,9 @@ fn run_arch(spec: &Spec) -> Option<String> {
             return None;
         }
     }
-    let dir = std::env::temp_dir().join(format!("ftramp-objtest-{}-{}", spec.name, std::process::id()));
+    let dir = std::env::temp_dir().join(format!("ftramp-objtest-{}-{}-{}", spec.name, opts.vector_upper, std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let image = Image::generate(spec, &Variant::ALL).unwrap();
+    let image = Image::generate_opts(spec, &Variant::ALL, opts).unwrap();
     std::fs::write(dir.join("tramp.o"), object::write(spec, &image, &Default::default()).unwrap()).unwrap();
     std::fs::write(dir.join("ftramp.h"), header::header(spec, "")).unwrap();
     let c = root().join("tests").join("c");
@@ -95,4 +99,20 @@ fn the_object_links_and_runs_on_every_arch() {
         }
     }
     assert!(ran > 0, "no arch could be tested");
+}
+
+/// `ftramp gen --vector-upper` (x86_64 with AVX): the object with the
+/// upper-halves steps passes the same checks (its `ymm` code runs on every
+/// call, through the object's relocations).
+#[test]
+fn the_vector_upper_object_links_and_runs() {
+    if !std::arch::is_x86_feature_detected!("avx") {
+        eprintln!("skipped: this CPU has no AVX");
+        return;
+    }
+    let spec = Spec::builtin("x86_64").unwrap();
+    let out = run_arch_with(&spec, GenOptions { vector_upper: true, ..Default::default() }).expect("gcc is there (the host's)");
+    let last = out.lines().last().unwrap_or("");
+    let (p, f) = last.split_once(" passed, ").expect("summary line");
+    assert!(f.starts_with("0 failed") && p.trim().parse::<u32>().unwrap() >= 100, "{out}");
 }
