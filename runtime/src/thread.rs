@@ -131,12 +131,16 @@ mod cached {
         let p: *const ThreadState;
         // SAFETY: reads this thread's slot (the GOT word holds its offset
         // from the thread pointer); no other memory, stack or flags.
+        // Declared `nomem` so that the compiler computes it once per
+        // function, across calls: the slot only ever goes from null to this
+        // thread's block, and a stale null just takes `this_slow` again,
+        // which returns the block.
         unsafe {
             std::arch::asm!(
                 "movq ftramp_runtime_this@GOTTPOFF(%rip), {p}",
                 "movq %fs:({p}), {p}",
                 p = out(reg) p,
-                options(att_syntax, pure, readonly, nostack, preserves_flags),
+                options(att_syntax, pure, nomem, nostack, preserves_flags),
             );
         }
         p
