@@ -146,6 +146,23 @@ mod cached {
         p
     }
 
+    /// [`load`] read again, for the tests (which must see the store).
+    #[cfg(test)]
+    pub(super) fn load_fresh() -> *const ThreadState {
+        let p: *const ThreadState;
+        // SAFETY: as in `load`, but declared to read memory, so that it is
+        // not merged with an earlier load.
+        unsafe {
+            std::arch::asm!(
+                "movq ftramp_runtime_this@GOTTPOFF(%rip), {p}",
+                "movq %fs:({p}), {p}",
+                p = out(reg) p,
+                options(att_syntax, readonly, nostack, preserves_flags),
+            );
+        }
+        p
+    }
+
     /// Caches `t`, this thread's block.
     pub(super) fn store(t: &'static ThreadState) {
         // SAFETY: writes this thread's slot only (see `load`).
@@ -333,7 +350,7 @@ mod tests {
         let check = || {
             let first = this() as *const ThreadState;
             assert_eq!(first, block() as *const ThreadState);
-            assert_eq!(cached::load(), first, "cached by the first use");
+            assert_eq!(cached::load_fresh(), first, "cached by the first use");
             assert_eq!(this() as *const ThreadState, first);
             first as usize
         };
