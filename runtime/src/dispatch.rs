@@ -67,12 +67,13 @@ pub fn thunk_prologues() -> Vec<std::ops::Range<usize>> {
 }
 
 /// How many bytes from its start count as a thunk's dispatch code (see
-/// [`thunk_prologues`]); `track_thunk` and fgraph's `graph_entry` are
-/// smaller than this whole, also unoptimised (a test checks), so a thread
-/// past their guard's decrement still counts as busy.  Generous on
-/// purpose: covering a few neighbouring runtime instructions only makes a
-/// grace period wait a little longer.
-pub const THUNK_CODE: usize = 512;
+/// [`thunk_prologues`]); `track_thunk`, `recursion_thunk` and fgraph's
+/// `graph_entry` are smaller than this whole, also unoptimised (a test
+/// checks), so a thread past their guard's decrement still counts as busy.
+/// Generous on purpose: covering a few neighbouring runtime instructions
+/// only makes a grace period wait a little longer.  (Unoptimised with the
+/// `tls-cache` feature, `graph_entry` is 673 bytes; optimised, under 200.)
+pub const THUNK_CODE: usize = 1024;
 
 /// The thunk for an ops' flags.
 pub fn entry_for(flags: OpsFlags) -> usize {
@@ -133,7 +134,7 @@ mod tests {
         assert_eq!(super::thunk_prologues().len(), 4);
         let exe = std::fs::read("/proc/self/exe").unwrap();
         let file = object::File::parse(&*exe).unwrap();
-        for name in ["8dispatch11track_thunk", "6fgraph11graph_entry"] {
+        for name in ["8dispatch11track_thunk", "8dispatch15recursion_thunk", "6fgraph11graph_entry"] {
             let sizes: Vec<u64> = file.symbols().filter(|s| s.name().is_ok_and(|n| n.contains(name))).map(|s| s.size()).collect();
             assert!(!sizes.is_empty(), "{name} not in the symbol table");
             for size in sizes {
