@@ -111,6 +111,9 @@ enum Cmd {
     },
     /// Run a program and record its function calls into a trace directory
     /// (`ftramp record [options] -- PROG ARGS...`; exits with the program's status).
+    ///
+    /// Ctrl-C goes to the program; `ftramp record` waits for it to end and
+    /// then finishes the trace.
     Record(record::RecordArgs),
     /// Print a recorded trace as a call graph, ftrace `function_graph` style: durations,
     /// indented `{`/`}` per call, one section per process and thread.
