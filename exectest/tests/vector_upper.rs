@@ -3,6 +3,8 @@
 //! halves of `ymm0-7` at entry and of `ymm0-1` at return (codegen
 //! `program.rs`, "Vector upper halves").
 //!
+//! Ops of both register tiers (`args`, and `regs` with `SAVE_REGS`) and an
+//! fgraph user (its return goes through `return_to_handler`) trace them.
 //! The callbacks clear the upper halves the way glibc's AVX string
 //! functions do (`vzeroupper`) and then fill them with garbage, so a
 //! trampoline that kept only the `xmm` halves hands the traced function (or
@@ -14,7 +16,7 @@
 
 use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::ftrace::ftrace;
-use ftramp_runtime::ops::{Filter, Ops};
+use ftramp_runtime::ops::{Filter, Ops, OpsFlags};
 use ftramp_runtime::FtraceRegs;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -90,21 +92,31 @@ fn m256_arguments_and_returns_survive_avx_code_in_callbacks() {
     assert_eq!(unsafe { avx_check(3) }, 0, "untraced");
 
     let f = || Filter::new().symbol("avx_scale").symbol("avx_fold8");
-    let ops = Arc::new(Ops::new(ops_entry).filter(f()));
-    ftrace().register(ops.clone()).unwrap();
-    let user = Arc::new(Fgraph::new(graph_entry, graph_ret).filter(f()).skip_timestamp(true));
-    fgraph::register_fgraph(user.clone()).unwrap();
-    // SAFETY: as above.
-    let bad = unsafe { avx_check(3) };
-    let (entries, returns) = (ENTRIES.load(SeqCst), RETURNS.load(SeqCst));
-    fgraph::unregister_fgraph(&user).unwrap();
-    ftrace().unregister(&ops).unwrap();
+    // Both register tiers: an args-tier ops with the fgraph user, then a
+    // `regs`-tier ops alone.
+    for (flags, graph) in [(OpsFlags::empty(), true), (OpsFlags::SAVE_REGS, false)] {
+        let (e0, r0) = (ENTRIES.load(SeqCst), RETURNS.load(SeqCst));
+        let ops = Arc::new(Ops::new(ops_entry).flags(flags).filter(f()));
+        ftrace().register(ops.clone()).unwrap();
+        let user = Arc::new(Fgraph::new(graph_entry, graph_ret).filter(f()).skip_timestamp(true));
+        if graph {
+            fgraph::register_fgraph(user.clone()).unwrap();
+        }
+        // SAFETY: as above.
+        let bad = unsafe { avx_check(3) };
+        let (entries, returns) = (ENTRIES.load(SeqCst) - e0, RETURNS.load(SeqCst) - r0);
+        if graph {
+            fgraph::unregister_fgraph(&user).unwrap();
+        }
+        ftrace().unregister(&ops).unwrap();
 
-    assert_eq!((entries, returns), (6, 6), "every call of both tracees traced at entry and return");
-    if expect_clobber {
-        assert!(bad > 0, "without the upper halves the callbacks' vzeroupper must show in the lanes");
-    } else {
-        assert_eq!(bad, 0, "wrong lanes: an upper half was lost at entry or return");
+        let want_returns = if graph { 6 } else { 0 };
+        assert_eq!((entries, returns), (6, want_returns), "{flags:?}: every call of both tracees traced");
+        if expect_clobber {
+            assert!(bad > 0, "{flags:?}: without the upper halves the callbacks' vzeroupper must show in the lanes");
+        } else {
+            assert_eq!(bad, 0, "{flags:?}: wrong lanes: an upper half was lost at entry or return");
+        }
     }
     // SAFETY: as above.
     assert_eq!(unsafe { avx_check(2) }, 0, "untraced again");
