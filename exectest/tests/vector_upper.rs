@@ -5,10 +5,9 @@
 //!
 //! Ops of both register tiers (`args`, and `regs` with `SAVE_REGS`) and an
 //! fgraph user (its return goes through `return_to_handler`) trace them.
-//! The callbacks clear the upper halves the way glibc's AVX string
-//! functions do (`vzeroupper`) and then fill them with garbage, so a
-//! trampoline that kept only the `xmm` halves hands the traced function (or
-//! its caller) wrong lanes.  The C checker (`tests/c/tracee_avx.c`) counts
+//! The callbacks fill the upper halves and then clear them the way glibc's
+//! AVX string functions end (`vzeroupper`), so a trampoline that kept only
+//! the `xmm` halves hands the traced function (or its caller) wrong lanes.  The C checker (`tests/c/tracee_avx.c`) counts
 //! them.  The second test runs the first in a child process with the upper
 //! halves left out (`FTRAMP_VECTOR_UPPER=0`) and checks that the lanes are
 //! then wrong: the check can fail.
