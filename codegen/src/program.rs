@@ -613,8 +613,9 @@ fn saved_vectors(spec: &Spec, layout: &FrameLayout, variant: Variant) -> Vec<Reg
     }
 }
 
-/// Bytes below `struct ftrace_regs` that keep the saved vector registers'
-/// upper bits ([`GenOptions::vector_upper`]; 0 without), a multiple of 16.
+/// Bytes below `struct ftrace_regs` (above the callee's `call_reserve`)
+/// that keep the saved vector registers' upper bits
+/// ([`GenOptions::vector_upper`]; 0 without), a multiple of 16.
 pub fn upper_area(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: GenOptions) -> u32 {
     if !opts.vector_upper || spec.vector_upper_bytes == 0 {
         return 0;
@@ -629,14 +630,15 @@ pub fn frame_size_with(spec: &Spec, layout: &FrameLayout, variant: Variant, opts
 }
 
 /// The upper-bits steps of a variant that saves `vectors` with the upper
-/// area at `[sp + 0]`: the stores, and the restore (empty without the area).
-fn upper_steps(spec: &Spec, vectors: &[Reg], upper: bool) -> (Vec<Step>, Vec<Step>) {
+/// area at `[sp + at]`: the stores, and the restore (empty without the
+/// area).
+fn upper_steps(spec: &Spec, vectors: &[Reg], upper: bool, at: i32) -> (Vec<Step>, Vec<Step>) {
     if !upper || vectors.is_empty() {
         return (Vec::new(), Vec::new());
     }
     let sp = spec.sp;
     let size = spec.vector_upper_bytes as i32;
-    let regs: Vec<(Reg, i32)> = vectors.iter().enumerate().map(|(i, r)| (*r, i as i32 * size)).collect();
+    let regs: Vec<(Reg, i32)> = vectors.iter().enumerate().map(|(i, r)| (*r, at + i as i32 * size)).collect();
     let stores = regs.iter().map(|&(reg, off)| Step::StoreUpper { reg, base: sp, off }).collect();
     (stores, vec![Step::RestoreUppers { regs: regs.clone(), base: sp, scratch: vectors[0] }])
 }
@@ -646,13 +648,14 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
     let t = spec.scratch[0];
     let variant = Variant::Entry { tier, dispatch };
     let opts = GenOptions { entry: if stub { SiteEntry::Stub } else { SiteEntry::Call }, vector_upper: upper };
-    // The upper-bits area, if any, is below everything else.
+    // The upper-bits area, if any, is between the callee's area
+    // (`call_reserve`) and `struct ftrace_regs`.
     let below = upper_area(spec, layout, variant, opts) as i32;
     let frame = frame_size_with(spec, layout, variant, opts) as i32;
     // Multi: where `ip` and `parent_ip` are kept for the later calls.
     let saved_ip = below + layout.frame_size(tier) as i32;
     let base = below + layout.fregs_base() as i32;
-    let (save_upper, restore_upper) = upper_steps(spec, &saved_vectors(spec, layout, variant), upper);
+    let (save_upper, restore_upper) = upper_steps(spec, &saved_vectors(spec, layout, variant), upper, layout.fregs_base() as i32);
     let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
     // Distance from our sp to the trampoline's entry sp.
@@ -856,7 +859,7 @@ fn return_steps(spec: &Spec, layout: &FrameLayout, stub: bool, upper: bool) -> V
     let below = upper_area(spec, layout, Variant::Return, opts) as i32;
     let frame = frame_size_with(spec, layout, Variant::Return, opts) as i32;
     let base = below + layout.fregs_base() as i32;
-    let (save_upper, restore_upper) = upper_steps(spec, &saved_vectors(spec, layout, Variant::Return), upper);
+    let (save_upper, restore_upper) = upper_steps(spec, &saved_vectors(spec, layout, Variant::Return), upper, layout.fregs_base() as i32);
     let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
     // The TOC register (ppc64) is saved too: a callee in another module
@@ -972,6 +975,40 @@ mod tests {
     }
     fn ld(reg: Reg, base: Reg, off: i32) -> Step {
         Step::Load { reg, base, off, note: Note::None }
+    }
+
+    /// The upper-bits area lies above the callee's area and below `struct
+    /// ftrace_regs`, inside the frame, for every variant (x86_64's spec with
+    /// a callee area of 32 bytes, as s390x and ppc64 have one).
+    #[test]
+    fn the_upper_area_sits_between_the_callee_area_and_ftrace_regs() {
+        let text = include_str!("../../arch-specs/x86_64.toml").replace("call_reserve = 0", "call_reserve = 32");
+        assert!(text.contains("call_reserve = 32"));
+        let spec = Spec::parse("x86_64-reserve.toml", &text).unwrap();
+        let layout = FrameLayout::new(&spec);
+        let variants = Variant::ALL.into_iter().chain([Variant::multi(Tier::Args, 3).unwrap(), Variant::multi(Tier::Regs, 2).unwrap()]);
+        for v in variants {
+            for entry in [SiteEntry::Call, SiteEntry::Stub] {
+                let opts = GenOptions { entry, vector_upper: true };
+                let below = upper_area(&spec, &layout, v, opts) as i32;
+                let frame = frame_size_with(&spec, &layout, v, opts) as i32;
+                let vectors = saved_vectors(&spec, &layout, v).len() as i32;
+                assert_eq!(below, vectors * 16, "{v}");
+                let steps = steps_with(&spec, &layout, v, opts);
+                let uppers: Vec<i32> = steps.iter().filter_map(|s| if let Step::StoreUpper { off, .. } = s { Some(*off) } else { None }).collect();
+                assert_eq!(uppers.len() as i32, vectors, "{v}");
+                assert!(uppers.iter().all(|o| (32..32 + below).contains(o) && (o - 32) % 16 == 0), "{v}: {uppers:?}");
+                let restores: Vec<&Vec<(Reg, i32)>> = steps.iter().filter_map(|s| if let Step::RestoreUppers { regs, .. } = s { Some(regs) } else { None }).collect();
+                assert!(!restores.is_empty() && restores.iter().all(|r| r.iter().map(|x| x.1).collect::<Vec<_>>() == uppers), "{v}");
+                for s in &steps {
+                    if let Step::Store { off, .. } = s {
+                        if *off < frame {
+                            assert!(*off >= 32 + below, "{v}: a register slot at {off} inside the upper area or the callee's");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
