@@ -8,9 +8,10 @@
 //! The callbacks fill the upper halves and then clear them the way glibc's
 //! AVX string functions end (`vzeroupper`), so a trampoline that kept only
 //! the `xmm` halves hands the traced function (or its caller) wrong lanes.  The C checker (`tests/c/tracee_avx.c`) counts
-//! them.  The second test runs the first in a child process with the upper
-//! halves left out (`FTRAMP_VECTOR_UPPER=0`) and checks that the lanes are
-//! then wrong: the check can fail.
+//! them.  The other tests run the first in a child process: with the upper
+//! halves left out (`FTRAMP_VECTOR_UPPER=0`), where the lanes must be wrong
+//! (the check can fail), and with `call` sites (`FTRAMP_SITE_ENTRY=call`),
+//! both ways.
 #![cfg(target_arch = "x86_64")]
 
 use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
@@ -121,18 +122,34 @@ fn m256_arguments_and_returns_survive_avx_code_in_callbacks() {
     assert_eq!(unsafe { avx_check(2) }, 0, "untraced again");
 }
 
+/// Runs the first test in a child process with `env` set.
+fn run_child(env: &[(&str, &str)]) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "m256_arguments_and_returns_survive_avx_code_in_callbacks", "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child ({env:?}) failed:\n{text}");
+    assert!(text.contains("1 passed"), "the child ran the test:\n{text}");
+}
+
 #[test]
 fn without_the_upper_halves_the_lanes_are_wrong() {
     if !has_avx() || std::env::var_os(EXPECT_CLOBBER).is_some() {
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "m256_arguments_and_returns_survive_avx_code_in_callbacks", "--nocapture", "--test-threads=1"])
-        .env("FTRAMP_VECTOR_UPPER", "0")
-        .env(EXPECT_CLOBBER, "1")
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the child failed:\n{text}");
-    assert!(text.contains("1 passed"), "the child ran the test:\n{text}");
+    run_child(&[("FTRAMP_VECTOR_UPPER", "0"), (EXPECT_CLOBBER, "1")]);
+}
+
+/// The same with `call` sites (the object ABI's trampolines: the entry
+/// returns with `ret`, `return_to_handler` jumps back).
+#[test]
+fn call_sites_keep_the_upper_halves_too() {
+    if !has_avx() || std::env::var_os("FTRAMP_SITE_ENTRY").is_some() {
+        return;
+    }
+    run_child(&[("FTRAMP_SITE_ENTRY", "call")]);
+    run_child(&[("FTRAMP_SITE_ENTRY", "call"), ("FTRAMP_VECTOR_UPPER", "0"), (EXPECT_CLOBBER, "1")]);
 }
