@@ -388,16 +388,17 @@ mod tests {
         // window is 0.5 ms, each end known to well under 1 us).
         assert_eq!((f.kind, f.base_ticks, f.base_ns), (p.kind, p.base_ticks, p.base_ns));
         assert!(f.ticks_per_sec.abs_diff(p.ticks_per_sec) * 1000 < f.ticks_per_sec, "{p:?} vs {f:?}");
-        // And the final one converts the run's end to the monotonic time.
-        let t = match f.kind {
-            #[cfg(target_arch = "x86_64")]
-            ClockKind::Tsc => raw_tsc(),
-            #[cfg(target_arch = "aarch64")]
-            ClockKind::Cntvct => raw_cntvct(),
-            _ => monotonic_ns(),
-        };
-        let n = monotonic_ns();
-        assert!(f.to_ns(t).abs_diff(n) < 200_000, "{} vs {n} ({f:?})", f.to_ns(t));
+        // And a measured (TSC) one converts the run's end to the monotonic
+        // time, within the 2 ms that `ticks_follow_the_monotonic_clock`
+        // allows (the two reads may be preempted apart).  Other kinds need
+        // no measuring: the provisional clock is the final one (checked
+        // above), and an emulated counter (aarch64 under qemu-user) may
+        // run apart from the host's monotonic clock.
+        #[cfg(target_arch = "x86_64")]
+        if f.kind == ClockKind::Tsc {
+            let (t, n) = (raw_tsc(), monotonic_ns());
+            assert!(f.to_ns(t).abs_diff(n) < 2_000_000, "{} vs {n} ({f:?})", f.to_ns(t));
+        }
     }
 
     #[test]
