@@ -63,6 +63,31 @@ impl ArchArgs {
     }
 }
 
+/// `--vector-upper`, for the commands that generate trampolines.
+#[derive(clap::Args)]
+struct VectorUpperArg {
+    /// Keep the upper halves of the vector registers too (x86_64: `ymm`, for
+    /// `__m256` arguments and return values, which AVX code in a callback can
+    /// clear); the code then needs a CPU with AVX.  The runtime does this on
+    /// its own where the CPU has AVX (see README, "Vector upper halves").
+    #[arg(long)]
+    vector_upper: bool,
+}
+
+/// The generation options of `ftramp asm` and `ftramp gen`, with
+/// `--vector-upper` refused, naming the flag, where the spec has no upper
+/// vector bits.
+fn gen_options(spec: &Spec, entry: SiteEntry, vector_upper: bool) -> Result<GenOptions> {
+    if vector_upper && spec.vector_upper_bytes == 0 {
+        bail!(
+            "--vector-upper: the {} spec ({}) has no upper vector bits (registers.vector_upper_bytes); only x86_64's has",
+            spec.name,
+            spec.file
+        );
+    }
+    Ok(GenOptions { entry, vector_upper })
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// List the architectures and trampoline variants this build generates.
@@ -102,12 +127,8 @@ enum Cmd {
         /// `ftrace_call_through` (see README, "Stub entry").
         #[arg(long)]
         stub: bool,
-        /// Keep the upper halves of the vector registers too (x86_64: `ymm`, for
-        /// `__m256` arguments and return values, which AVX code in a callback can
-        /// clear); the code then needs a CPU with AVX.  The runtime does this on
-        /// its own where the CPU has AVX (see README, "Vector upper halves").
-        #[arg(long)]
-        vector_upper: bool,
+        #[command(flatten)]
+        upper: VectorUpperArg,
     },
     /// Run a program and record its function calls into a trace directory
     /// (`ftramp record [options] -- PROG ARGS...`; exits with the program's status).
@@ -147,13 +168,8 @@ enum Cmd {
         /// Prefix for every symbol the object defines.
         #[arg(long, default_value = "")]
         prefix: String,
-        /// Keep the upper halves of the vector registers too (x86_64: `ymm`, for
-        /// `__m256` arguments and return values, which AVX code in a callback can
-        /// clear); the code then needs a CPU with AVX.  The runtime does this on
-        /// its own where the CPU has AVX (see README, "Vector upper halves").
-        #[arg(long)]
-        vector_upper: bool,
-
+        #[command(flatten)]
+        upper: VectorUpperArg,
     },
     /// Build the bundled C demo (threads, recursion, a shared library) with
     /// this machine's patch-site flags, record it and replay the trace.
@@ -242,7 +258,7 @@ fn main() -> Result<()> {
                 }
             }
         }
-        Cmd::Asm { arch: a, variant, all, stub, vector_upper } => {
+        Cmd::Asm { arch: a, variant, all, stub, upper: VectorUpperArg { vector_upper } } => {
             let specs = if all {
                 arch::all().map(|b| Spec::builtin(b.name())).collect::<Result<Vec<_>, _>>()?
             } else {
@@ -257,28 +273,22 @@ fn main() -> Result<()> {
                     }
                     bail!("--stub: the {} spec ({}) has no stub entry (site.stub); only x86_64's has", spec.name, spec.file);
                 }
-                if vector_upper && spec.vector_upper_bytes == 0 {
-                    if all {
-                        continue;
-                    }
-                    bail!("--vector-upper: the {} spec ({}) has no upper vector bits (registers.vector_upper_bytes); only x86_64's has", spec.name, spec.file);
+                if all && vector_upper && spec.vector_upper_bytes == 0 {
+                    continue;
                 }
-                let image = Image::generate_opts(&spec, &vs, GenOptions { entry, vector_upper })?;
+                let image = Image::generate_opts(&spec, &vs, gen_options(&spec, entry, vector_upper)?)?;
                 out!("==== {} ({}) ====", spec.name, spec.file);
                 outp!("{}", listing::image(&spec, &image)?);
             }
         }
         Cmd::Demo(a) => demo::run(a)?,
-        Cmd::Gen { arch: a, output, header: want_header, variant, prefix, vector_upper } => {
+        Cmd::Gen { arch: a, output, header: want_header, variant, prefix, upper: VectorUpperArg { vector_upper } } => {
             let spec = a.load()?;
             let bytes = if want_header {
                 header::header(&spec, &prefix).into_bytes()
             } else {
                 let vs = variants(&variant, &DEFAULT_OBJECT)?;
-                if vector_upper && spec.vector_upper_bytes == 0 {
-                    bail!("--vector-upper: the {} spec ({}) has no upper vector bits (registers.vector_upper_bytes); only x86_64's has", spec.name, spec.file);
-                }
-                let image = Image::generate_opts(&spec, &vs, GenOptions { entry: SiteEntry::Call, vector_upper })?;
+                let image = Image::generate_opts(&spec, &vs, gen_options(&spec, SiteEntry::Call, vector_upper)?)?;
                 object::write(&spec, &image, &object::ObjectOptions { prefix })?
             };
             match output.as_deref() {

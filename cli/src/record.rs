@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use ftramp_trace::format::record_env as env;
-use ftramp_trace::format::{parse_duration_ns, parse_size, toml_str};
+use ftramp_trace::format::{parse_duration_ns, parse_size, toml_str, toml_u64};
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -316,16 +316,6 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         }
     );
     Ok(code)
-}
-
-/// TOML integers are i64: larger values are written as strings (which the
-/// reader accepts).
-fn toml_u64(v: u64) -> String {
-    if v <= i64::MAX as u64 {
-        v.to_string()
-    } else {
-        format!("\"{v}\"")
-    }
 }
 
 /// While the program runs: SIGINT and SIGQUIT do nothing to `ftramp record`

@@ -48,9 +48,6 @@ pub struct Image {
     pub data: Vec<DataWord>,
     /// How sites enter its entry trampolines.
     pub site_entry: SiteEntry,
-    /// Its trampolines keep the vector registers' upper bits
-    /// ([`GenOptions::vector_upper`]).
-    pub vector_upper: bool,
 }
 
 impl Image {
@@ -127,7 +124,7 @@ impl Image {
         if variants.iter().any(|v| matches!(v, Variant::Entry { dispatch: program::Dispatch::List, .. })) && !data.contains(&DataWord::FunctionTraceOp) {
             data.insert(0, DataWord::FunctionTraceOp);
         }
-        Ok(Image { arch: backend.name(), layout, code, fixups, trampolines, data, site_entry: entry, vector_upper: opts.vector_upper })
+        Ok(Image { arch: backend.name(), layout, code, fixups, trampolines, data, site_entry: entry })
     }
 
     /// Offset of `ftrace_call_through` (the prefix of a stub-entry

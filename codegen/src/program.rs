@@ -455,11 +455,9 @@ pub fn steps_for(spec: &Spec, layout: &FrameLayout, variant: Variant, entry: Sit
 /// [`steps_for`] with every generation option ([`GenOptions::vector_upper`]
 /// only where the spec has `registers.vector_upper_bytes`).
 pub fn steps_with(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: GenOptions) -> Vec<Step> {
-    let stub = opts.entry == SiteEntry::Stub;
-    let upper = opts.vector_upper && spec.vector_upper_bytes > 0;
     let steps = match variant {
-        Variant::Entry { tier, dispatch } => entry_steps(spec, layout, tier, dispatch, stub, upper),
-        Variant::Return => return_steps(spec, layout, stub, upper),
+        Variant::Entry { tier, dispatch } => entry_steps(spec, layout, tier, dispatch, opts),
+        Variant::Return => return_steps(spec, layout, opts),
     };
     let steps = if spec.raw.trampoline.multiple { group_runs(spec, steps) } else { steps };
     if spec.raw.trampoline.pairs {
@@ -629,25 +627,26 @@ pub fn frame_size_with(spec: &Spec, layout: &FrameLayout, variant: Variant, opts
     frame_size(layout, variant) + upper_area(spec, layout, variant, opts)
 }
 
-/// The upper-bits steps of a variant that saves `vectors` with the upper
-/// area at `[sp + at]`: the stores, and the restore (empty without the
-/// area).
-fn upper_steps(spec: &Spec, vectors: &[Reg], upper: bool, at: i32) -> (Vec<Step>, Vec<Step>) {
-    if !upper || vectors.is_empty() {
+/// The upper-bits steps of `variant` ([`upper_area`], which starts at
+/// `[sp + fregs_base]`): the stores, and the restore (both empty without
+/// the area).
+fn upper_steps(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: GenOptions) -> (Vec<Step>, Vec<Step>) {
+    if upper_area(spec, layout, variant, opts) == 0 {
         return (Vec::new(), Vec::new());
     }
-    let sp = spec.sp;
+    let vectors = saved_vectors(spec, layout, variant);
+    let (sp, at) = (spec.sp, layout.fregs_base() as i32);
     let size = spec.vector_upper_bytes as i32;
     let regs: Vec<(Reg, i32)> = vectors.iter().enumerate().map(|(i, r)| (*r, at + i as i32 * size)).collect();
     let stores = regs.iter().map(|&(reg, off)| Step::StoreUpper { reg, base: sp, off }).collect();
-    (stores, vec![Step::RestoreUppers { regs: regs.clone(), base: sp, scratch: vectors[0] }])
+    (stores, vec![Step::RestoreUppers { regs, base: sp, scratch: vectors[0] }])
 }
 
-fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch, stub: bool, upper: bool) -> Vec<Step> {
+fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch, opts: GenOptions) -> Vec<Step> {
     let sp = spec.sp;
     let t = spec.scratch[0];
+    let stub = opts.entry == SiteEntry::Stub;
     let variant = Variant::Entry { tier, dispatch };
-    let opts = GenOptions { entry: if stub { SiteEntry::Stub } else { SiteEntry::Call }, vector_upper: upper };
     // The upper-bits area, if any, is between the callee's area
     // (`call_reserve`) and `struct ftrace_regs`.
     let below = upper_area(spec, layout, variant, opts) as i32;
@@ -655,7 +654,7 @@ fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch
     // Multi: where `ip` and `parent_ip` are kept for the later calls.
     let saved_ip = below + layout.frame_size(tier) as i32;
     let base = below + layout.fregs_base() as i32;
-    let (save_upper, restore_upper) = upper_steps(spec, &saved_vectors(spec, layout, variant), upper, layout.fregs_base() as i32);
+    let (save_upper, restore_upper) = upper_steps(spec, layout, variant, opts);
     let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
     // Distance from our sp to the trampoline's entry sp.
@@ -853,13 +852,13 @@ fn copy_specials(spec: &Spec, s: &mut Vec<Step>, t: Reg, entry: i32, at: &dyn Fn
     site_ret
 }
 
-fn return_steps(spec: &Spec, layout: &FrameLayout, stub: bool, upper: bool) -> Vec<Step> {
+fn return_steps(spec: &Spec, layout: &FrameLayout, opts: GenOptions) -> Vec<Step> {
     let sp = spec.sp;
-    let opts = GenOptions { entry: if stub { SiteEntry::Stub } else { SiteEntry::Call }, vector_upper: upper };
+    let stub = opts.entry == SiteEntry::Stub;
     let below = upper_area(spec, layout, Variant::Return, opts) as i32;
     let frame = frame_size_with(spec, layout, Variant::Return, opts) as i32;
     let base = below + layout.fregs_base() as i32;
-    let (save_upper, restore_upper) = upper_steps(spec, &saved_vectors(spec, layout, Variant::Return), upper, layout.fregs_base() as i32);
+    let (save_upper, restore_upper) = upper_steps(spec, layout, Variant::Return, opts);
     let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
     // The TOC register (ppc64) is saved too: a callee in another module

@@ -11,7 +11,7 @@ use ftramp_runtime::fgraph::{self, Fgraph};
 use ftramp_runtime::ftrace::ftrace;
 use ftramp_runtime::ops::{Filter, Ops, OpsFlags};
 use ftramp_runtime::sites::{self, Discovery, Module, Site};
-use ftramp_trace::format::{task_file_name, toml_str, SymLine};
+use ftramp_trace::format::{task_file_name, toml_str, toml_u64, SymLine};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -228,16 +228,6 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
 
 fn append_info(s: &str) {
     pool::write_all(INFO_FD.load(Relaxed), s.as_bytes());
-}
-
-
-/// TOML integers are i64: larger values are written as strings.
-fn toml_u64(v: u64) -> String {
-    if v <= i64::MAX as u64 {
-        v.to_string()
-    } else {
-        format!("\"{v}\"")
-    }
 }
 
 /// The patch sites of `modules`, and the sites discovery refused because

@@ -264,6 +264,7 @@ pub fn calibrate() -> Clock {
 /// known to ~50 ns, so ~12 ppm (12 ns per ms of duration).
 const WINDOW_NS: u64 = 4_000_000;
 /// The window of a [`Calibrating::provisional`] clock (~100 ppm).
+#[cfg(target_arch = "x86_64")]
 const PROVISIONAL_NS: u64 = 500_000;
 
 /// A TSC calibration measured over a window that the caller chooses: from
@@ -320,41 +321,37 @@ impl Calibrating {
     /// the run measures (`ftramp record` of a 1 ms program: 100 ppm, of 1 s:
     /// 0.1 ppm).
     pub fn finish(&self) -> Clock {
-        let Some((t0, n0)) = self.start else { return self.provisional.clone() };
-        let (t1, n1) = tsc_sample();
-        if t1 <= t0 || n1 <= n0 {
-            return self.provisional.clone();
+        #[cfg(target_arch = "x86_64")]
+        if let Some((t0, n0)) = self.start {
+            let (t1, n1) = tsc_sample();
+            if t1 > t0 && n1 > n0 {
+                return Clock { ticks_per_sec: rate(t0, n0, t1, n1), ..self.provisional.clone() };
+            }
         }
-        Clock { ticks_per_sec: rate(t0, n0, t1, n1), ..self.provisional.clone() }
+        self.provisional.clone()
     }
 }
 
 /// Ticks per second between two (TSC, monotonic ns) samples.
+#[cfg(target_arch = "x86_64")]
 fn rate(t0: u64, n0: u64, t1: u64, n1: u64) -> u64 {
     ((t1 - t0) as u128 * 1_000_000_000 / (n1 - n0).max(1) as u128) as u64
 }
 
 /// A TSC read paired with the monotonic time in its middle: of 16 pairs,
 /// the one with the shortest window.
+#[cfg(target_arch = "x86_64")]
 fn tsc_sample() -> (u64, u64) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        (0..16)
-            .map(|_| {
-                let a = monotonic_ns();
-                let t = raw_tsc();
-                let b = monotonic_ns();
-                (b - a, t, a + (b - a) / 2)
-            })
-            .min()
-            .map(|(_, t, ns)| (t, ns))
-            .expect("16 samples")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let n = monotonic_ns();
-        (n, n)
-    }
+    (0..16)
+        .map(|_| {
+            let a = monotonic_ns();
+            let t = raw_tsc();
+            let b = monotonic_ns();
+            (b - a, t, a + (b - a) / 2)
+        })
+        .min()
+        .map(|(_, t, ns)| (t, ns))
+        .expect("16 samples")
 }
 
 /// The clock where nothing needs measuring: aarch64's counter at its

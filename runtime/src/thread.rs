@@ -146,23 +146,6 @@ mod cached {
         p
     }
 
-    /// [`load`] read again, for the tests (which must see the store).
-    #[cfg(test)]
-    pub(super) fn load_fresh() -> *const ThreadState {
-        let p: *const ThreadState;
-        // SAFETY: as in `load`, but declared to read memory, so that it is
-        // not merged with an earlier load.
-        unsafe {
-            std::arch::asm!(
-                "movq ftramp_runtime_this@GOTTPOFF(%rip), {p}",
-                "movq %fs:({p}), {p}",
-                p = out(reg) p,
-                options(att_syntax, readonly, nostack, preserves_flags),
-            );
-        }
-        p
-    }
-
     /// Caches `t`, this thread's block.
     pub(super) fn store(t: &'static ThreadState) {
         // SAFETY: writes this thread's slot only (see `load`).
@@ -347,10 +330,17 @@ mod tests {
     #[cfg(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux"))]
     #[test]
     fn the_tls_cache_holds_each_threads_own_block() {
+        // The slot read again, out of line: `load` is declared `nomem`, so
+        // inline it would be merged with the read `this` made before the
+        // store.
+        #[inline(never)]
+        fn load_fresh() -> *const ThreadState {
+            cached::load()
+        }
         let check = || {
             let first = this() as *const ThreadState;
             assert_eq!(first, block() as *const ThreadState);
-            assert_eq!(cached::load_fresh(), first, "cached by the first use");
+            assert_eq!(load_fresh(), first, "cached by the first use");
             assert_eq!(this() as *const ThreadState, first);
             first as usize
         };

@@ -772,6 +772,16 @@ pub fn toml_str(s: &str) -> String {
     out
 }
 
+/// `v` as a TOML value: an integer where it fits TOML's i64, else a
+/// string (which the reader's number parsing accepts too).
+pub fn toml_u64(v: u64) -> String {
+    if v <= i64::MAX as u64 {
+        v.to_string()
+    } else {
+        format!("\"{v}\"")
+    }
+}
+
 #[cfg(test)]
 mod toml_str_tests {
     #[test]
