@@ -72,6 +72,14 @@ fn main() {
             b.flag(&f);
         }
         b.file(c.join("tracee_avx.c")).compile("ftramp_tracee_avx");
+        // long double returns in st(0)/st(1) (tests/x87_return.rs).
+        println!("cargo:rerun-if-changed={}", c.join("tracee_x87.c").display());
+        let mut b = cc::Build::new();
+        base(&mut b);
+        for f in flags("flags") {
+            b.flag(&f);
+        }
+        b.file(c.join("tracee_x87.c")).compile("ftramp_tracee_x87");
     }
     let mut b = cc::Build::new();
     b.opt_level(2).include(&c).file(c.join("harness.c")).compile("ftramp_harness");

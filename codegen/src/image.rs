@@ -180,6 +180,8 @@ fn lower(e: &mut dyn arch::Emitter, spec: &Spec, step: &Step) -> Result<(), Code
         Step::RestoreSp => e.restore_sp(),
         Step::StoreUpper { reg, base, off } => e.store_upper(*reg, *base, *off),
         Step::RestoreUppers { regs, base, scratch } => e.restore_uppers(regs, *base, *scratch),
+        Step::PopFpStack { max, base, off, scratch } => e.pop_fp_stack(*max, *base, *off, *scratch),
+        Step::PushFpStack { max, base, off } => e.push_fp_stack(*max, *base, *off),
         Step::SaveFlags { off, scratch } => e.save_flags(*off, *scratch),
         Step::RestoreFlags { off, scratch } => e.restore_flags(*off, *scratch),
         Step::StorePair { a, b, base, off, .. } => e.store_pair(*a, *b, *base, *off, spec.reg_bytes(a.class) as i32),

@@ -78,6 +78,20 @@
 //! which would put the CPU in its "dirty upper state" and slow its SSE
 //! code.  The runtime generates this form where the CPU has AVX; objects
 //! do it when asked (`ftramp gen --vector-upper`).
+//!
+//! # x87 return values (x86_64)
+//!
+//! A `long double` comes back in the x87 register st(0), a `_Complex long
+//! double` in st(0) and st(1) (spec `abi.fp_stack_ret`).  The x87 registers
+//! are a stack, and the psABI has every function called with it empty: a
+//! callee may push all eight.  So `return_to_handler`, which calls the
+//! runtime while a traced function's x87 return value is live, first pops
+//! the non-empty top registers into its frame ([`Step::PopFpStack`]:
+//! `fxam` tells an empty register) and pushes them back after the call
+//! ([`Step::PushFpStack`]).  Otherwise a callback's eighth push would
+//! overflow onto the return value.  The common case, an empty stack, costs
+//! one `fxam` and a test at the save and one compare at the restore.  Entry
+//! trampolines need nothing: the stack is empty at every call.
 
 use crate::frame::{FrameLayout, Tier};
 use crate::spec::{Location, Reg, RegClass, SlotKind, Spec};
@@ -400,6 +414,15 @@ pub enum Step {
     /// them with `vzeroupper` before it returns).  Clobbers `scratch` (one
     /// of the registers, whose low part is loaded afterwards) and the flags.
     RestoreUppers { regs: Vec<(Reg, i32)>, base: Reg, scratch: Reg },
+    /// Pops the non-empty registers at the top of the FP register stack,
+    /// at most `max` (spec `abi.fp_stack_ret`), into 16-byte slots at
+    /// `[base + off + 16 * (1 + i)]` for the `i`-th pop, and writes how many
+    /// it popped to the byte at `[base + off]` ([`fp_stack_area`]).
+    /// Clobbers `scratch` and the flags.
+    PopFpStack { max: u8, base: Reg, off: i32, scratch: Reg },
+    /// Pushes back what [`Step::PopFpStack`] popped, in reverse order, so
+    /// the stack is as it was.  Clobbers the flags.
+    PushFpStack { max: u8, base: Reg, off: i32 },
     /// Save sp through `scratch` and align it to the ABI's stack alignment
     /// (specs with `trampoline.realign_sp`); [`Step::RestoreSp`] after the
     /// call undoes it.
@@ -621,10 +644,22 @@ pub fn upper_area(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: Gen
     (saved_vectors(spec, layout, variant).len() as u32 * spec.vector_upper_bytes).div_ceil(16) * 16
 }
 
-/// [`frame_size`] with the generation options: the upper-bits area
-/// ([`upper_area`]) lies below `struct ftrace_regs`.
+/// Bytes of `return_to_handler`'s frame that keep the x87 return registers
+/// ([`Step::PopFpStack`]; spec `abi.fp_stack_ret`, 0 without): a 16-byte
+/// count slot, then one 16-byte slot per register.  It lies above the
+/// upper-bits area, below `struct ftrace_regs`.
+pub fn fp_stack_area(spec: &Spec, variant: Variant) -> u32 {
+    match variant {
+        Variant::Return if spec.fp_stack_ret > 0 => 16 * (1 + spec.fp_stack_ret),
+        _ => 0,
+    }
+}
+
+/// [`frame_size`] with the generation options and the spec's extra areas
+/// ([`upper_area`], then [`fp_stack_area`]), which lie below `struct
+/// ftrace_regs`.
 pub fn frame_size_with(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: GenOptions) -> u32 {
-    frame_size(layout, variant) + upper_area(spec, layout, variant, opts)
+    frame_size(layout, variant) + upper_area(spec, layout, variant, opts) + fp_stack_area(spec, variant)
 }
 
 /// The upper-bits steps of `variant` ([`upper_area`], which starts at
@@ -855,10 +890,13 @@ fn copy_specials(spec: &Spec, s: &mut Vec<Step>, t: Reg, entry: i32, at: &dyn Fn
 fn return_steps(spec: &Spec, layout: &FrameLayout, opts: GenOptions) -> Vec<Step> {
     let sp = spec.sp;
     let stub = opts.entry == SiteEntry::Stub;
-    let below = upper_area(spec, layout, Variant::Return, opts) as i32;
+    let upper = upper_area(spec, layout, Variant::Return, opts) as i32;
+    let below = upper + fp_stack_area(spec, Variant::Return) as i32;
     let frame = frame_size_with(spec, layout, Variant::Return, opts) as i32;
     let base = below + layout.fregs_base() as i32;
     let (save_upper, restore_upper) = upper_steps(spec, layout, Variant::Return, opts);
+    // The x87 area, above the upper-bits area.
+    let fp_stack = (spec.fp_stack_ret > 0).then(|| (spec.fp_stack_ret as u8, layout.fregs_base() as i32 + upper));
     let at = |kind: SlotKind| base + layout.slot(kind).expect("checked by spec").offset as i32;
     let note = |kind: SlotKind| slot_note(spec, layout, kind);
     // The TOC register (ppc64) is saved too: a callee in another module
@@ -875,11 +913,17 @@ fn return_steps(spec: &Spec, layout: &FrameLayout, opts: GenOptions) -> Vec<Step
     }
     s.extend(save_upper);
     let t = spec.scratch[0];
+    if let Some((max, off)) = fp_stack {
+        s.push(Step::PopFpStack { max, base: sp, off, scratch: t });
+    }
     s.push(Step::AddImm { dst: t, src: sp, imm: frame, note: Note::Text("sp after the return") });
     s.push(Step::Store { reg: t, base: sp, off: at(SlotKind::Sp), note: note(SlotKind::Sp) });
     s.push(Step::AddImm { dst: arg0, src: sp, imm: base, note: Note::Text("fregs") });
     push_call(spec, &mut s, t, [Step::CallData { word: DataWord::ReturnHandler, scratch: t }]);
     s.push(Step::AddImm { dst: spec.return_via, src: spec.int_ret[0], imm: 0, note: Note::Text("the real return address") });
+    if let Some((max, off)) = fp_stack {
+        s.push(Step::PushFpStack { max, base: sp, off });
+    }
     s.extend(restore_upper);
     for r in saved.iter().rev() {
         if *r == spec.fp {
@@ -937,6 +981,15 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
             mem(base, &regs.first().map(|x| x.1).unwrap_or(0)),
             r(scratch)
         ),
+        Step::PopFpStack { max, base, off, scratch } => format!(
+            "pop_fp_stack up to {max} -> {}.., count at {}  ; x87 return values (test via {})",
+            mem(base, &(off + 16)),
+            mem(base, off),
+            r(scratch)
+        ),
+        Step::PushFpStack { max, base, off } => {
+            format!("push_fp_stack up to {max} from {}.., count at {}", mem(base, &(off + 16)), mem(base, off))
+        }
         Step::AlignSp { scratch } => format!("align_sp  {} (old sp via {})", spec.stack_alignment, r(scratch)),
         Step::RestoreSp => "restore_sp".to_string(),
         Step::StorePair { a, b, base, off, notes } => {
@@ -1003,6 +1056,55 @@ mod tests {
                     if let Step::Store { off, .. } = s {
                         if *off < frame {
                             assert!(*off >= 32 + below, "{v}: a register slot at {off} inside the upper area or the callee's");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The x87 area of `return_to_handler` lies above the callee's area and
+    /// the upper-bits area and below `struct ftrace_regs`; the pop comes
+    /// before the call into the runtime and the push after it, with the
+    /// same area; entry trampolines have neither (x86_64's spec with a
+    /// callee area of 32 bytes).
+    #[test]
+    fn the_x87_area_sits_below_ftrace_regs_and_brackets_the_call() {
+        let text = include_str!("../../arch-specs/x86_64.toml").replace("call_reserve = 0", "call_reserve = 32");
+        let spec = Spec::parse("x86_64-reserve.toml", &text).unwrap();
+        assert_eq!(spec.fp_stack_ret, 2);
+        let layout = FrameLayout::new(&spec);
+        for v in Variant::ALL {
+            for vector_upper in [false, true] {
+                for entry in [SiteEntry::Call, SiteEntry::Stub] {
+                    let opts = GenOptions { entry, vector_upper };
+                    let steps = steps_with(&spec, &layout, v, opts);
+                    let pops: Vec<(usize, u8, i32)> = steps.iter().enumerate().filter_map(|(i, s)| if let Step::PopFpStack { max, off, .. } = s { Some((i, *max, *off)) } else { None }).collect();
+                    let pushes: Vec<(usize, u8, i32)> = steps.iter().enumerate().filter_map(|(i, s)| if let Step::PushFpStack { max, off, .. } = s { Some((i, *max, *off)) } else { None }).collect();
+                    if v != Variant::Return {
+                        assert!(pops.is_empty() && pushes.is_empty() && fp_stack_area(&spec, v) == 0, "{v}");
+                        continue;
+                    }
+                    let ([(pi, max, off)], [(qi, qmax, qoff)]) = (pops.as_slice(), pushes.as_slice()) else { panic!("{v}: one pop, one push: {pops:?} {pushes:?}") };
+                    assert_eq!((max, off), (qmax, qoff), "the push reads what the pop wrote");
+                    assert_eq!(*max, 2);
+                    let upper = upper_area(&spec, &layout, v, opts) as i32;
+                    let area = fp_stack_area(&spec, v) as i32;
+                    assert_eq!(area, 48);
+                    assert_eq!(*off, 32 + upper, "above the callee's area and the upper bits");
+                    let fregs = 32 + upper + area;
+                    let call = steps.iter().position(|s| matches!(s, Step::CallData { word: DataWord::ReturnHandler, .. })).unwrap();
+                    assert!(pi < &call && &call < qi, "{v}: pop before the call, push after");
+                    for (i, s) in steps.iter().enumerate() {
+                        match s {
+                            Step::Store { reg, off, .. } if *off < frame_size_with(&spec, &layout, v, opts) as i32 => {
+                                assert!(*off >= fregs, "{v}: a register slot at {off} inside the x87 area");
+                                if spec.int_ret.contains(reg) || spec.fp_ret.contains(reg) {
+                                    assert!(i < *pi, "{v}: the return registers are saved before the x87 pop");
+                                }
+                            }
+                            Step::Load { reg, .. } => assert!(i > *qi || *reg == spec.return_via, "{v}: registers are loaded after the push"),
+                            _ => {}
                         }
                     }
                 }

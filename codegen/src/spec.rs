@@ -152,6 +152,11 @@ pub struct RawAbi {
     pub fp_args: Vec<String>,
     pub int_ret: Vec<String>,
     pub fp_ret: Vec<String>,
+    /// Return registers that are the top of a register *stack* (x87:
+    /// `st(0)`, `st(1)`); `return_to_handler` pops them before its call.
+    /// 0: none.
+    #[serde(default)]
+    pub fp_stack_ret: u32,
     #[serde(default)]
     pub entry_live: Vec<String>,
     pub callee_saved: Vec<String>,
@@ -275,6 +280,8 @@ pub struct Spec {
     pub vector_bytes: u32,
     /// `registers.vector_upper_bytes` (0: none).
     pub vector_upper_bytes: u32,
+    /// `abi.fp_stack_ret` (0: none).
+    pub fp_stack_ret: u32,
     pub nops: Vec<Vec<u8>>,
     pub site_len: usize,
     pub site_return: Location,
@@ -497,6 +504,9 @@ impl Checker<'_> {
             ));
         }
         let a = &raw.abi;
+        if a.fp_stack_ret > 8 {
+            return Err(self.err("abi.fp_stack_ret", format!("{} is more than a register stack of 8 holds", a.fp_stack_ret)));
+        }
         let int_args = self.list("abi.int_args", &a.int_args, Some(RegClass::Gpr))?;
         let fp_args = self.list("abi.fp_args", &a.fp_args, Some(RegClass::Vector))?;
         let int_ret = self.list("abi.int_ret", &a.int_ret, Some(RegClass::Gpr))?;
@@ -649,6 +659,7 @@ impl Checker<'_> {
             call_reserve: a.call_reserve,
             vector_bytes: regs.vector_bytes,
             vector_upper_bytes: regs.vector_upper_bytes,
+            fp_stack_ret: a.fp_stack_ret,
             nops,
             site_len,
             site_return,

@@ -23,6 +23,8 @@
 long tracee_args(long a, long b, long c, long d, long e, long f, long g, long h, double x, double y);
 long tracee_args_alt(long a, long b, long c, long d, long e, long f, long g, long h, double x, double y);
 double tracee_fp(double x, double y, long n);
+long double tracee_ld(long double a, long double b);
+_Complex long double tracee_cld(long double re, long double im);
 long tracee_two(long a, long b);
 long tracee_nested(long n);
 long tracee_callsite(long a, long b);
@@ -41,6 +43,13 @@ extern unsigned long arch_probe_sp, arch_probe_calls;
 #include "arch/ppc64le.h"
 #elif defined(__s390x__)
 #include "arch/s390x.h"
+#endif
+
+/* Uses the whole x87 register stack, as any callee may (x86_64 only). */
+#ifndef ARCH_CLOBBER_FP_STACK
+#define ARCH_CLOBBER_FP_STACK() \
+	do {                    \
+	} while (0)
 #endif
 
 struct ftrace_ops {
@@ -107,6 +116,7 @@ void ftrace_ops_list_func(unsigned long ip, unsigned long parent_ip, struct ftra
 
 unsigned long ftrace_return_to_handler(struct ftrace_regs *fregs)
 {
+	ARCH_CLOBBER_FP_STACK();
 	if (nrets < 64) {
 		rets[nrets] = ftrace_regs_get_return_value(fregs);
 		fprets[nrets] = ftrace_regs_get_fp_return_value(fregs);
@@ -271,6 +281,23 @@ static void check_entry(const struct entry *e)
 	double d = tracee_fp(1.5, 4.0, 2);
 	disable(site);
 	CHECK(d == 8.0 && nrets == 1 && fprets[0] == 8.0, "%s: fp return %g (%g)", e->name, d, fprets[0]);
+	/* long double, whose bits a double round trip would lose (x86_64:
+	 * st(0), and st(1) for the complex one). */
+	volatile long double la = 1.0L + 1.0L / 3, lb = 3.0L - 1.0L / 7;
+	long double lwant = la * lb + 0.25L;
+	reset();
+	hijack = 1;
+	site = enable((void *)tracee_ld, e->tramp);
+	long double ld = tracee_ld(la, lb);
+	disable(site);
+	CHECK(ld == lwant && nrets == 1, "%s: long double return %Lg (want %Lg, %d returns)", e->name, ld, lwant, nrets);
+	reset();
+	hijack = 1;
+	site = enable((void *)tracee_cld, e->tramp);
+	_Complex long double lc = tracee_cld(la, lb);
+	disable(site);
+	CHECK(__real__ lc == la * 2 && __imag__ lc == lb * 3 && nrets == 1, "%s: complex long double return %Lg%+Lgi (%d returns)", e->name,
+	      __real__ lc, __imag__ lc, nrets);
 	reset();
 	hijack = 1;
 	site = enable((void *)tracee_two, e->tramp);

@@ -37,3 +37,16 @@ TRACEE long tracee_nested(long n)
 	long r = nested_self(n - 1);
 	return r * 2 + n;
 }
+
+/* long double returns: x86_64 in the x87 register st(0) (the complex one in
+ * st(0) and st(1)), aarch64 in q0, riscv64 in a0:a1, ppc64le in f1:f2 (IBM
+ * double-double), s390x through memory. */
+TRACEE long double tracee_ld(long double a, long double b)
+{
+	return a * b + 0.25L;
+}
+
+TRACEE _Complex long double tracee_cld(long double re, long double im)
+{
+	return __builtin_complex(re * 2, im * 3);
+}

@@ -173,6 +173,15 @@ pub trait Emitter {
     fn restore_uppers(&mut self, _regs: &[(Reg, i32)], _base: Reg, _scratch: Reg) -> Result<(), CodegenError> {
         Err(CodegenError::Unsupported { arch: "generic", what: "registers.vector_upper_bytes (vector upper bits)".into() })
     }
+    /// [`crate::program::Step::PopFpStack`]: only arches whose spec sets
+    /// `abi.fp_stack_ret`.
+    fn pop_fp_stack(&mut self, _max: u8, _base: Reg, _off: i32, _scratch: Reg) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "abi.fp_stack_ret (an FP register stack)".into() })
+    }
+    /// [`crate::program::Step::PushFpStack`].
+    fn push_fp_stack(&mut self, _max: u8, _base: Reg, _off: i32) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "abi.fp_stack_ret (an FP register stack)".into() })
+    }
     /// Bytes emitted so far.
     fn pos(&self) -> usize;
     /// The code and its data-word references.

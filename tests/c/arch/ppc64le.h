@@ -88,7 +88,8 @@ __asm__(
 	".size arch_call_checked, .-arch_call_checked\n");
 
 /* The tracees (tests/c/tracee*.c); only their code is read here. */
-extern char tracee_args[], tracee_args_alt[], tracee_fp[], tracee_two[], tracee_nested[], tracee_callsite[];
+extern char tracee_args[], tracee_args_alt[], tracee_fp[], tracee_two[], tracee_nested[], tracee_callsite[], tracee_ld[],
+	tracee_cld[];
 extern char _mcount[];
 
 /* `mflr r0 ; bl _mcount` in the first instructions of fn -> `mflr r0 ; nop`. */
@@ -114,7 +115,7 @@ static void arch_nop_mcount(char *fn)
 
 __attribute__((constructor)) static void arch_init_sites(void)
 {
-	char *fns[] = { tracee_args, tracee_args_alt, tracee_fp, tracee_two, tracee_nested, tracee_callsite };
+	char *fns[] = { tracee_args, tracee_args_alt, tracee_fp, tracee_two, tracee_nested, tracee_callsite, tracee_ld, tracee_cld };
 	for (unsigned int i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
 		arch_nop_mcount(fns[i]);
 }

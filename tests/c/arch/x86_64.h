@@ -1,6 +1,14 @@
 /* x86_64 parts of the execution-test harness (see harness.c). */
 #define ARCH_SP_MOD 8 /* after `call`, rsp + 8 is 16-byte aligned */
 
+/* Eight x87 pushes and pops: a callee may use the whole register stack,
+ * which the psABI has empty at every call. */
+#define ARCH_CLOBBER_FP_STACK()                                                                      \
+	__asm__ volatile("fld1\n fldz\n fld1\n fldz\n fld1\n fldz\n fld1\n fldpi\n"              \
+			 "fstp %%st(0)\n fstp %%st(0)\n fstp %%st(0)\n fstp %%st(0)\n"                \
+			 "fstp %%st(0)\n fstp %%st(0)\n fstp %%st(0)\n fstp %%st(0)\n" ::                \
+				 : "st", "st(1)", "st(2)", "st(3)", "st(4)", "st(5)", "st(6)", "st(7)")
+
 #ifdef ARCH_HARNESS_ASM /* defined by harness.c only */
 __asm__(
 	".text\n"
