@@ -73,6 +73,22 @@ static ENTRIES: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static RETURNS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static UNKNOWN: AtomicU64 = AtomicU64::new(0);
 
+// SAFETY: tests/c/tracee_unwind.c's context-switch functions; integers
+// only.  The coroutine they run lives on their own static or mmap'ed stack
+// and ends before `uc_run` returns.
+unsafe extern "C" {
+    safe fn uc_leaf(x: i64) -> i64;
+    safe fn uc_yield();
+    safe fn uc_resume() -> i64;
+    safe fn uc_body(n: i64);
+    safe fn uc_entry();
+    safe fn uc_step(i: i64) -> i64;
+    safe fn uc_run(n: i64, which: i32) -> i64;
+    safe fn uc_deep2();
+    safe fn uc_deep(k: i64);
+    safe fn uc_setctx(n: i64) -> i64;
+}
+
 fn slot_of(func: usize) -> Option<usize> {
     FUNCS.iter().position(|f| f.load(SeqCst) == func)
 }
@@ -519,4 +535,61 @@ fn sigaltstack_above_the_thread_stack() {
 #[test]
 fn sigaltstack_below_the_thread_stack() {
     alt_case(Place::Below);
+}
+
+// ---------------------------------------------------------------------------
+// Context switches.
+
+/// `swapcontext` to a coroutine on another stack and back, inside traced
+/// frames, and `setcontext` back into an earlier frame: the switch hooks
+/// put every hijacked return address back and drop the frames, so the
+/// program runs as untraced and later calls are traced as usual.  Rule:
+/// a frame active at a context switch gets no `ret` callback.
+#[test]
+fn context_switches_through_traced_frames() {
+    let _l = lock();
+    // Static stack, then an mmap'ed one; setcontext four times.
+    let run = || ((0..2).map(|w| uc_run(5, w)).collect::<Vec<_>>(), uc_setctx(4));
+    let untraced = run();
+    assert_eq!(untraced.1, 4 * 100 + 9);
+    let f = |p: *const ()| p as usize;
+    let funcs = [
+        f(uc_leaf as *const ()),
+        f(uc_yield as *const ()),
+        f(uc_resume as *const ()),
+        f(uc_body as *const ()),
+        f(uc_entry as *const ()),
+        f(uc_step as *const ()),
+        f(uc_run as *const ()),
+        f(uc_deep2 as *const ()),
+        f(uc_deep as *const ()),
+        f(uc_setctx as *const ()),
+    ];
+    let u = counting_user(&funcs);
+    let (stale, hooked) = (fgraph::stale_frames(), unwind::hooked_slots());
+    let traced = [run(), run()];
+    let depth = fgraph::depth();
+    let got: Vec<(u64, u64)> = (0..funcs.len()).map(counts).collect();
+    let unknown = UNKNOWN.load(SeqCst);
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert!(hooked > 0);
+    assert_eq!(traced, [untraced.clone(), untraced.clone()], "the program's results");
+    assert_eq!(depth, 0, "nothing left on the shadow stack");
+    assert_eq!(unknown, 0);
+    assert!(fgraph::stale_frames() > stale);
+    // Per uc_run(5): 6 steps, each resuming the coroutine once; the
+    // coroutine yields 5 times and then ends.  Two uc_run per run(), two
+    // run()s.  uc_leaf never spans a switch: every return is seen; every
+    // other function is active at one, so none of its returns is.
+    let runs = 2 * 2;
+    assert_eq!(got[0], ((11 * runs + 5 * 2) as u64, (11 * runs + 5 * 2) as u64), "uc_leaf (entries, returns)");
+    assert_eq!(got[1], (5 * runs as u64, 0), "uc_yield");
+    assert_eq!(got[2], (6 * runs as u64, 0), "uc_resume");
+    assert_eq!(got[3], (runs as u64, 0), "uc_body");
+    assert_eq!(got[4], (runs as u64, 0), "uc_entry");
+    assert_eq!(got[5], (6 * runs as u64, 0), "uc_step");
+    assert_eq!(got[6], (runs as u64, 0), "uc_run");
+    assert_eq!(got[7], (4 * 2, 0), "uc_deep2");
+    assert_eq!(got[8], (4 * 2, 0), "uc_deep");
+    assert_eq!(got[9], (2, 0), "uc_setctx");
 }

@@ -874,16 +874,14 @@ impl Shadow {
     /// The top of the frame of a function returning with entry sp `sp`
     /// when it is not the top one: the innermost frame with that sp (the
     /// frames above it were left without returning and are dropped,
-    /// whatever their sp: they may lie on another stack); without one, the
-    /// first frame not below `sp`.
+    /// whatever their sp: they may lie on another stack); `None` without
+    /// one.  (No guess at a frame with another sp: its return address
+    /// belongs to another call, and returning there would run the program
+    /// on in the wrong place.)
     #[cold]
     #[inline(never)]
     fn resync_return(&self, sp: usize) -> Option<usize> {
-        let exact = self.frames().position(|f| self.sp_of(f) == sp);
-        let left = match exact {
-            Some(n) => n,
-            None => self.frames().position(|f| self.sp_of(f) >= sp)?,
-        };
+        let left = self.frames().position(|f| self.sp_of(f) == sp)?;
         for _ in 0..left {
             let f = self.top_frame()?;
             self.pop(f);
@@ -1308,7 +1306,7 @@ fn pop_slow(sh: &Shadow, fregs: &mut FtraceRegs, sp: usize) -> usize {
     let state = sh.state.get();
     sh.state.set(state | BUSY);
     if sh.get(sh.top.get() - word::SP) as usize != sp && sh.resync_return(sp).is_none() {
-        fatal(b"ftramp fgraph: a hijacked return found no shadow-stack frame\n");
+        fatal(b"ftramp fgraph: a hijacked return found no shadow-stack frame (a stack switch the runtime did not see?)\n");
     }
     let ret = pop_frame(sh, fregs);
     sh.state.set(state);

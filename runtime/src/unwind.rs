@@ -105,8 +105,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 /// The functions hooked, in [`Entry`] order.
-pub const HOOKED: [&str; 6] =
-    ["_Unwind_RaiseException", "_Unwind_Resume", "_Unwind_Resume_or_Rethrow", "_Unwind_ForcedUnwind", "_Unwind_Backtrace", "__cxa_begin_catch"];
+pub const HOOKED: [&str; 8] = [
+    "_Unwind_RaiseException",
+    "_Unwind_Resume",
+    "_Unwind_Resume_or_Rethrow",
+    "_Unwind_ForcedUnwind",
+    "_Unwind_Backtrace",
+    "__cxa_begin_catch",
+    "swapcontext",
+    "setcontext",
+];
 
 #[derive(Clone, Copy)]
 #[repr(usize)]
@@ -117,6 +125,8 @@ enum Entry {
     Forced,
     Backtrace,
     BeginCatch,
+    SwapContext,
+    SetContext,
 }
 
 /// The real functions (0: not found in this process).
@@ -569,8 +579,8 @@ fn fp_chain(st: &Stacks, mut fp: usize, out: &mut Vec<usize>) {
     }
 }
 
-/// Restores the real return address of every live frame above `sp`.
-fn restore(fr: &dyn Frames, t: &Thread, sp: usize, fp: usize, rth: usize) {
+/// Restores the real return address of every live frame above `st.sp`.
+fn restore(fr: &dyn Frames, t: &Thread, st: Stacks, fp: usize, rth: usize) {
     let mut any = false;
     fr.each(&mut |_, _, _| {
         any = true;
@@ -579,7 +589,7 @@ fn restore(fr: &dyn Frames, t: &Thread, sp: usize, fp: usize, rth: usize) {
     if !any {
         return;
     }
-    let st = Stacks { sp, thread: thread_stack(t), alt: alt_stack() };
+    let sp = st.sp;
     let Ok(mut table) = t.restored.try_borrow_mut() else { return };
     let mut chain = Vec::new();
     if cfg!(target_arch = "aarch64") {
@@ -711,7 +721,81 @@ fn before(canary: &Cell<u64>, caller_sp: usize, fp: usize) {
             canary.set(v);
             t.canary.set(v);
             t.canary_at.set(at);
-            restore(fr, t, caller_sp, fp, rth);
+            restore(fr, t, Stacks { sp: caller_sp, thread: thread_stack(t), alt: alt_stack() }, fp, rth);
+        });
+    });
+}
+
+/// Most a traced function's frame is assumed to span when the current
+/// stack's bounds are unknown ([`leave_stack`] on a coroutine's stack).
+const MAX_FRAME_GAP: usize = 8 << 20;
+
+/// A context switch (`swapcontext`, `setcontext`) called from `caller_sp`,
+/// whose return address is at `ret_slot`: the thread leaves its stack,
+/// perhaps for good, and the frames on the shadow stack stop being in step
+/// with the one it finds.  Every frame's real return address is put back
+/// and every frame is dropped, so nothing of this stack returns into
+/// `return_to_handler` and the next stack starts with an empty shadow
+/// stack.
+///
+/// The frames are those of the chain above `caller_sp` on the current
+/// stack (after the last switch, that is all of them), plus a traced
+/// function that tail-called the switch: its return address is the hook's
+/// own (`ret_slot`: x86_64 the stack slot, aarch64 the stub's saved x30),
+/// put back there.  The current stack is the thread's own when `caller_sp`
+/// lies on it (or on the alternate signal stack); otherwise (a coroutine's
+/// stack, whose bounds are unknown) it is where the frames' entry sps climb
+/// from `caller_sp` in steps of at most [`MAX_FRAME_GAP`].
+fn leave_stack(caller_sp: usize, ret_slot: usize, fp: usize) {
+    let _ = THREAD.try_with(|t| {
+        crate::fgraph::with_thread_frames(|fr, rth| {
+            let (thread, alt) = (thread_stack(t), alt_stack());
+            let cur = if within(thread, caller_sp) || alt.is_some_and(|r| within(r, caller_sp)) {
+                thread
+            } else {
+                // (A frame at or below `caller_sp` tail-called the hook.)
+                let mut top = caller_sp;
+                fr.each(&mut |_, _, fsp| {
+                    if fsp <= caller_sp {
+                        return true;
+                    }
+                    let up = fsp >= top && fsp - top <= MAX_FRAME_GAP;
+                    if up {
+                        top = fsp;
+                    }
+                    up
+                });
+                (caller_sp, top + 8)
+            };
+            restore(fr, t, Stacks { sp: caller_sp, thread: cur, alt }, fp, rth);
+            if read(ret_slot) == rth {
+                // The entry sp of a function that tail-called the hook.
+                let tail_sp = if cfg!(target_arch = "x86_64") { ret_slot } else { caller_sp };
+                let mut real = None;
+                fr.each(&mut |_, ret, fsp| {
+                    if fsp == tail_sp && ret != rth {
+                        real = Some(ret);
+                    }
+                    real.is_none() && fsp <= tail_sp
+                });
+                match real {
+                    Some(ret) => write(ret_slot, ret),
+                    None => fatal(b"ftramp unwind: a context switch returns to return_to_handler without a frame\n"),
+                }
+            }
+            let mut n = 0;
+            fr.each(&mut |_, _, _| {
+                n += 1;
+                true
+            });
+            for _ in 0..n {
+                fr.drop_innermost();
+            }
+            if let Ok(mut table) = t.restored.try_borrow_mut() {
+                table.clear();
+            }
+            t.canary_at.set(0);
+            fr.set_restored(false);
         });
     });
 }
@@ -848,6 +932,67 @@ extern "C" fn hook_begin_catch(exc: Exc, caller_sp: usize) -> *mut c_void {
     unsafe { f(exc) }
 }
 
+/// `swapcontext`: the frames of the stack left are dropped ([`leave_stack`]);
+/// when the saved context is resumed, the real function returns here.
+/// Entered through a `ctx_stub!`, with the caller's sp and where the
+/// return address is.
+extern "C" fn hook_swapcontext(oucp: *mut c_void, ucp: *const c_void, caller_sp: usize, ret_slot: usize) -> libc::c_int {
+    leave_stack(caller_sp, ret_slot, frame_pointer());
+    let f: unsafe extern "C" fn(*mut c_void, *const c_void) -> libc::c_int = real(Entry::SwapContext);
+    // SAFETY: the real function, with the caller's arguments.
+    unsafe { f(oucp, ucp) }
+}
+
+/// `setcontext`: as [`hook_swapcontext`]; returns only on an error.
+extern "C" fn hook_setcontext(ucp: *const c_void, caller_sp: usize, ret_slot: usize) -> libc::c_int {
+    leave_stack(caller_sp, ret_slot, frame_pointer());
+    let f: unsafe extern "C" fn(*const c_void) -> libc::c_int = real(Entry::SetContext);
+    // SAFETY: the real function, with the caller's argument.
+    unsafe { f(ucp) }
+}
+
+/// A stub `$name` for a context-switch hook: `$hook` gets the caller's sp
+/// in argument register `$x86` / `$a64` and the address of the return
+/// address in the next one (`$x86b` / `$a64b`).  x86_64: the stack slot,
+/// and the stub jumps.  aarch64: the stub saves x30 in a frame record of
+/// its own, passes that word, and returns with what the hook left there.
+macro_rules! ctx_stub {
+    ($name:literal, $hook:path, $x86:literal, $x86b:literal, $a64:literal, $a64b:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::global_asm!(
+            concat!(".pushsection .text.", $name, ",\"ax\",@progbits"),
+            concat!(".globl ", $name),
+            concat!(".hidden ", $name),
+            concat!(".type ", $name, ",@function"),
+            concat!($name, ":"),
+            concat!("lea ", $x86, ", [rsp + 8]"),
+            concat!("mov ", $x86b, ", rsp"),
+            "jmp {hook}",
+            concat!(".size ", $name, ", . - ", $name),
+            ".popsection",
+            hook = sym $hook,
+        );
+        #[cfg(target_arch = "aarch64")]
+        std::arch::global_asm!(
+            concat!(".pushsection .text.", $name, ",\"ax\",%progbits"),
+            concat!(".globl ", $name),
+            concat!(".hidden ", $name),
+            concat!(".type ", $name, ",%function"),
+            concat!($name, ":"),
+            concat!("mov ", $a64, ", sp"),
+            "stp x29, x30, [sp, #-16]!",
+            "mov x29, sp",
+            concat!("add ", $a64b, ", sp, #8"),
+            "bl {hook}",
+            "ldp x29, x30, [sp], #16",
+            "ret",
+            concat!(".size ", $name, ", . - ", $name),
+            ".popsection",
+            hook = sym $hook,
+        );
+    };
+}
+
 /// A stub `$name` that jumps to `$hook` with the caller's sp in argument
 /// register `$x86` / `$a64` (the one after the real function's arguments).
 macro_rules! stub {
@@ -888,6 +1033,8 @@ stub!("ftramp_unwind_resume_or_rethrow", hook_resume_or_rethrow, "rsi", "x1");
 stub!("ftramp_unwind_forced", hook_forced, "rcx", "x3");
 stub!("ftramp_unwind_backtrace", hook_backtrace, "rdx", "x2");
 stub!("ftramp_unwind_begin_catch", hook_begin_catch, "rsi", "x1");
+ctx_stub!("ftramp_unwind_swapcontext", hook_swapcontext, "rdx", "rcx", "x2", "x3");
+ctx_stub!("ftramp_unwind_setcontext", hook_setcontext, "rsi", "rdx", "x1", "x2");
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 extern "C" {
@@ -898,6 +1045,8 @@ extern "C" {
     fn ftramp_unwind_forced();
     fn ftramp_unwind_backtrace();
     fn ftramp_unwind_begin_catch();
+    fn ftramp_unwind_swapcontext();
+    fn ftramp_unwind_setcontext();
 }
 
 /// The hooks' entry stubs, in [`HOOKED`] order.
@@ -910,6 +1059,8 @@ fn hook_addrs() -> Vec<usize> {
         ftramp_unwind_forced,
         ftramp_unwind_backtrace,
         ftramp_unwind_begin_catch,
+        ftramp_unwind_swapcontext,
+        ftramp_unwind_setcontext,
     ];
     stubs.iter().map(|f| *f as usize).collect()
 }

@@ -138,3 +138,101 @@ long alt_handler_bad(void)
 {
 	return handler_bad;
 }
+
+/* --- Context switches (swapcontext, setcontext): a coroutine on its own
+ * stack entered and left inside traced frames, functions that tail-call
+ * the switch, and setcontext back into an earlier frame (like longjmp). */
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+static ucontext_t uc_main, uc_co, uc_here;
+static long uc_produced, uc_rounds;
+static volatile long uc_k;
+static char uc_bss_stack[128 * 1024] __attribute__((aligned(16)));
+
+TRACEE long uc_leaf(long x)
+{
+	return x * 2 + 1;
+}
+
+/* Both tail-call the switch (gcc -O2): their return address is the hook's. */
+TRACEE void uc_yield(void)
+{
+	swapcontext(&uc_co, &uc_main);
+}
+
+TRACEE long uc_resume(void)
+{
+	return swapcontext(&uc_main, &uc_co);
+}
+
+TRACEE void uc_body(long n)
+{
+	for (long i = 0; i < n; i++) {
+		uc_produced = uc_produced * 3 + uc_leaf(i);
+		uc_yield();
+	}
+}
+
+/* The coroutine's function (tail-calls uc_body); it ends through uc_link. */
+TRACEE void uc_entry(void)
+{
+	uc_body(uc_rounds);
+}
+
+TRACEE long uc_step(long i)
+{
+	uc_resume();
+	return uc_leaf(i);
+}
+
+/* A coroutine of `n` rounds on a static stack (which 0) or an mmap'ed one
+ * (which 1), stepped until it ends: a checksum of what both sides saw. */
+TRACEE long uc_run(long n, int which)
+{
+	size_t size = 128 * 1024;
+	char *stack = uc_bss_stack;
+	if (which) {
+		stack = mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (stack == MAP_FAILED)
+			return -1;
+	}
+	uc_produced = 0;
+	uc_rounds = n;
+	getcontext(&uc_co);
+	uc_co.uc_stack.ss_sp = stack;
+	uc_co.uc_stack.ss_size = size;
+	uc_co.uc_link = &uc_main;
+	makecontext(&uc_co, uc_entry, 0);
+	long sum = 0;
+	for (long i = 0; i <= n; i++)
+		sum = sum * 7 + uc_step(i);
+	if (which)
+		munmap(stack, size);
+	return sum * 1000003 + uc_produced;
+}
+
+TRACEE void uc_deep2(void)
+{
+	setcontext(&uc_here);
+}
+
+TRACEE void uc_deep(long k)
+{
+	uc_leaf(k);
+	uc_deep2();
+	uc_leaf(-1); /* not reached */
+}
+
+/* setcontext from deeper traced frames back to a getcontext here, n times. */
+TRACEE long uc_setctx(long n)
+{
+	uc_k = 0;
+	getcontext(&uc_here);
+	if (uc_k < n) {
+		uc_k++;
+		uc_deep(uc_k);
+	}
+	return uc_k * 100 + uc_leaf(uc_k);
+}
