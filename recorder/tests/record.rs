@@ -359,6 +359,26 @@ fn longjmp_closes_the_calls_it_left_as_unwound() {
     assert_eq!(tree.unmatched_exits, 0);
 }
 
+/// A `swapcontext` coroutine yielding inside traced calls while main steps
+/// it from inside traced calls: the program runs as untraced, every entry
+/// is recorded, calls that span a switch are closed as unwound (the
+/// context-switch rule of the README) and the rest return.
+#[test]
+fn swapcontext_coroutines_run_as_untraced() {
+    let (t, want) = record_graph_ok("coroutine", &["coroutine"]);
+    assert_eq!((want["rec_co_yield"], want["rec_co_step"], want["rec_leaf"]), (5, 6, 11));
+    let p = &t.processes[0];
+    check_nesting(p);
+    let m = per_function(p);
+    assert_eq!(count(&m, "rec_leaf"), (11, 11), "rec_leaf never spans a switch");
+    assert_eq!(count(&m, "rec_co_step").0, 6);
+    assert_eq!(count(&m, "rec_co_yield").0, 5);
+    assert_eq!(count(&m, "rec_co_body").0, 1);
+    for f in ["rec_co_step", "rec_co_yield", "rec_co_body"] {
+        assert_eq!(count(&m, f).1, 0, "{f}: active at a switch, no return recorded");
+    }
+}
+
 #[test]
 fn function_tracer_records_entries_only() {
     let (dir, out) = record_tracee("function", "function", &["threads"], &[("FTRAMP_TRACER", "function")]);

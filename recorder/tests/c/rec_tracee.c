@@ -12,6 +12,7 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 static long n_fib, n_leaf, n_worker, n_spin, n_quick, n_slow, n_before, n_after, n_child;
@@ -94,6 +95,31 @@ __attribute__((noinline)) void rec_jump(long n)
         longjmp(rec_jb, 1);
     rec_jump(n - 1);
     __asm__ volatile("" ::: "memory"); /* not a tail call */
+}
+
+/* "coroutine": a coroutine on its own stack (swapcontext) that yields
+ * inside traced calls while main steps it from inside traced calls. */
+static ucontext_t rec_uc_main, rec_uc_co;
+static long n_co_yield, n_co_step;
+
+__attribute__((noinline)) void rec_co_yield(void)
+{
+    n_co_yield++;
+    swapcontext(&rec_uc_co, &rec_uc_main);
+}
+
+__attribute__((noinline)) void rec_co_body(void)
+{
+    for (long i = 0; i < 5; i++) {
+        rec_leaf(i);
+        rec_co_yield();
+    }
+}
+
+__attribute__((noinline)) void rec_co_step(void)
+{
+    n_co_step++;
+    swapcontext(&rec_uc_main, &rec_uc_co);
 }
 
 static long n_signal;
@@ -209,6 +235,21 @@ int main(int argc, char **argv)
         }
         counts();
         printf("rec_jump %ld\n", n_jump);
+        return 0;
+    }
+    if (!strcmp(mode, "coroutine")) {
+        size_t size = 256 * 1024;
+        getcontext(&rec_uc_co);
+        rec_uc_co.uc_stack.ss_sp = malloc(size);
+        rec_uc_co.uc_stack.ss_size = size;
+        rec_uc_co.uc_link = &rec_uc_main;
+        makecontext(&rec_uc_co, rec_co_body, 0);
+        for (int i = 0; i < 6; i++) {
+            rec_co_step();
+            rec_leaf(100 + i);
+        }
+        counts();
+        printf("rec_co_yield %ld\nrec_co_step %ld\n", n_co_yield, n_co_step);
         return 0;
     }
     if (!strcmp(mode, "loop")) {
