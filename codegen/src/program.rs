@@ -86,12 +86,14 @@
 //! are a stack, and the psABI has every function called with it empty: a
 //! callee may push all eight.  So `return_to_handler`, which calls the
 //! runtime while a traced function's x87 return value is live, first pops
-//! the non-empty top registers into its frame ([`Step::PopFpStack`]:
-//! `fxam` tells an empty register) and pushes them back after the call
-//! ([`Step::PushFpStack`]).  Otherwise a callback's eighth push would
-//! overflow onto the return value.  The common case, an empty stack, costs
-//! one `fxam` and a test at the save and one compare at the restore.  Entry
-//! trampolines need nothing: the stack is empty at every call.
+//! the non-empty top registers into its frame ([`Step::PopFpStack`]) and
+//! pushes them back after the call ([`Step::PushFpStack`]).  Otherwise a
+//! callback's eighth push would overflow onto the return value.  The
+//! common case, an empty stack, is told by the stack's TOP field (0) in
+//! the status word: three instructions at the save, two at the restore
+//! (`fxam`, which tells an empty register, is a slow microcode assist on
+//! an empty one, so it only runs when TOP is not 0).  Entry trampolines
+//! need nothing: the stack is empty at every call.
 
 use crate::frame::{FrameLayout, Tier};
 use crate::spec::{Location, Reg, RegClass, SlotKind, Spec};
@@ -416,9 +418,9 @@ pub enum Step {
     RestoreUppers { regs: Vec<(Reg, i32)>, base: Reg, scratch: Reg },
     /// Pops the non-empty registers at the top of the FP register stack,
     /// at most `max` (spec `abi.fp_stack_ret`), into 16-byte slots at
-    /// `[base + off + 16 * (1 + i)]` for the `i`-th pop, and writes how many
-    /// it popped to the byte at `[base + off]` ([`fp_stack_area`]).
-    /// Clobbers `scratch` and the flags.
+    /// `[base + off + 16 * (1 + i)]` for the `i`-th pop, and records what it
+    /// popped in the first 16 bytes ([`fp_stack_area`]; x86_64: the status
+    /// word and a count).  Clobbers `scratch` and the flags.
     PopFpStack { max: u8, base: Reg, off: i32, scratch: Reg },
     /// Pushes back what [`Step::PopFpStack`] popped, in reverse order, so
     /// the stack is as it was.  Clobbers the flags.

@@ -224,24 +224,37 @@ impl Emitter for X64Emitter {
             return Err(unsupported("x87 status test through a non-GPR scratch".into()));
         }
         let (b, t) = (base.enc, scratch.enc);
-        let (count, status) = (Self::disp(off)?, Self::disp(off + 2)?);
-        // First the stack's TOP (status word bits 11-13): 0 at every call
-        // and return without an x87 value (the process starts with 0 and
-        // compiled code pushes and pops in pairs), so the common case stops
-        // there.  Otherwise `fxam` classifies st(0): C3 C2 C0 (bits 14, 10,
-        // 8) are 1 0 1 for an empty register.  (`fxam` of an *empty*
-        // register is a microcode assist, 125 ns on the Xeon we measured,
-        // hence the TOP test first.)  `fstp m80` pops without any
-        // conversion: every bit pattern, signalling NaNs included, comes
-        // back as it was, and no exception flag is raised.
-        dynasm!(self.ops ; .arch x64 ; mov BYTE [Rq(b) + count], 0);
+        // The area: the count at +0, the status word at the save at +2
+        // (its TOP tells the restore whether anything was popped), a
+        // scratch status word at +4.
+        let (count, first, first_hi) = (Self::disp(off)?, Self::disp(off + 2)?, Self::disp(off + 3)?);
+        let (status, status_hi) = (Self::disp(off + 4)?, Self::disp(off + 5)?);
+        // First the stack's TOP (status word bits 11-13, bits 3-5 of its
+        // high byte): 0 at every call and return without an x87 value (the
+        // process starts with 0 and compiled code pushes and pops in
+        // pairs), so the common case stops there.  Otherwise `fxam`
+        // classifies st(0): C3 C2 C0 (bits 14, 10, 8) are 1 0 1 for an
+        // empty register.  (`fxam` of an *empty* register is a microcode
+        // assist, 125 ns on the Xeon we measured, hence the TOP test
+        // first.)  `fstp m80` pops without any conversion: every bit
+        // pattern, signalling NaNs included, comes back as it was, and no
+        // exception flag is raised.
+        dynasm!(self.ops ; .arch x64
+            ; fnstsw WORD [Rq(b) + first]
+            ; test BYTE [Rq(b) + first_hi], 0x38
+            ; jz >empty
+            ; mov BYTE [Rq(b) + count], 0
+        );
         for i in 0..max {
             let slot = Self::disp(off + 16 * (1 + i as i32))?;
+            if i > 0 {
+                dynasm!(self.ops ; .arch x64
+                    ; fnstsw WORD [Rq(b) + status]
+                    ; test BYTE [Rq(b) + status_hi], 0x38
+                    ; jz >empty
+                );
+            }
             dynasm!(self.ops ; .arch x64
-                ; fnstsw WORD [Rq(b) + status]
-                ; movzx Rd(t), WORD [Rq(b) + status]
-                ; test Rd(t), 0x3800
-                ; jz >empty
                 ; fxam
                 ; fnstsw WORD [Rq(b) + status]
                 ; movzx Rd(t), WORD [Rq(b) + status]
@@ -261,9 +274,16 @@ impl Emitter for X64Emitter {
             return Ok(());
         }
         let b = base.enc;
-        let count = Self::disp(off)?;
-        // The last popped goes back first.
-        dynasm!(self.ops ; .arch x64 ; cmp BYTE [Rq(b) + count], 0 ; je >none);
+        let (count, first_hi) = (Self::disp(off)?, Self::disp(off + 3)?);
+        // Nothing was popped when TOP was 0 at the save (the count is not
+        // even written then) or when the count is 0.  The last popped goes
+        // back first.
+        dynasm!(self.ops ; .arch x64
+            ; test BYTE [Rq(b) + first_hi], 0x38
+            ; jz >none
+            ; cmp BYTE [Rq(b) + count], 0
+            ; je >none
+        );
         for i in (1..max).rev() {
             let slot = Self::disp(off + 16 * (1 + i as i32))?;
             dynasm!(self.ops ; .arch x64
