@@ -89,6 +89,15 @@ unsafe extern "C" {
     safe fn uc_setctx(n: i64) -> i64;
 }
 
+// SAFETY: tests/c/tracee_unwind.cpp's pthread_exit runner: integers only;
+// its threads are joined before it returns.
+unsafe extern "C" {
+    safe fn unw_pexit_run(n: i64) -> i64;
+    safe fn unw_pexit_finish(v: i64);
+    safe fn unw_pexit_mid(v: i64);
+    safe fn unw_pexit_worker(arg: *mut libc::c_void) -> *mut libc::c_void;
+}
+
 fn slot_of(func: usize) -> Option<usize> {
     FUNCS.iter().position(|f| f.load(SeqCst) == func)
 }
@@ -592,4 +601,25 @@ fn context_switches_through_traced_frames() {
     assert_eq!(got[7], (4 * 2, 0), "uc_deep2");
     assert_eq!(got[8], (4 * 2, 0), "uc_deep");
     assert_eq!(got[9], (2, 0), "uc_setctx");
+}
+
+/// `pthread_exit` two traced frames down, the innermost without cleanups:
+/// the hook puts the return addresses back first, so glibc's forced unwind
+/// runs the destructors of every frame as untraced (without it, none ran).
+#[test]
+fn pthread_exit_runs_the_destructors_above_traced_frames() {
+    let _l = lock();
+    let untraced = unw_pexit_run(4);
+    assert_eq!(untraced, (1 + 2 + 3 + 4) * 1000 + 4 * 2);
+    let f = |p: *const ()| p as usize;
+    let funcs = [f(unw_pexit_finish as *const ()), f(unw_pexit_mid as *const ()), f(unw_pexit_worker as *const ())];
+    let u = counting_user(&funcs);
+    let traced = unw_pexit_run(4);
+    let got: Vec<(u64, u64)> = (0..funcs.len()).map(counts).collect();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(traced, untraced, "exit values and destructors as untraced");
+    // Entered by each thread; none returns.
+    for (i, name) in ["unw_pexit_finish", "unw_pexit_mid", "unw_pexit_worker"].iter().enumerate() {
+        assert_eq!(got[i], (4, 0), "{name} (entries, returns)");
+    }
 }

@@ -1,5 +1,5 @@
-//! Exceptions and panics through hijacked returns: hooks on the unwinder's
-//! entry points.
+//! Exceptions, panics, `pthread_exit` and context switches through hijacked
+//! returns: hooks on the unwinder's entry points and their kin.
 //!
 //! [`fgraph`](crate::fgraph) points a traced function's return address at
 //! `return_to_handler`.  The unwinder (libgcc's `_Unwind_RaiseException`,
@@ -84,11 +84,26 @@
 //! return is reported under the old frame's function; the return address
 //! is right either way.
 //!
-//! Not covered: `pthread_cancel`/`pthread_exit` (glibc reaches
-//! `_Unwind_ForcedUnwind` through `dlsym`, not a GOT), modules linked
-//! statically with the unwinder, `dlopen`ed modules that throw before the
-//! module watcher hooked them, and frames on stacks other than the
-//! thread's and its alternate signal stack (`makecontext` coroutines).
+//! # pthread_exit
+//!
+//! glibc unwinds an exiting thread with `_Unwind_ForcedUnwind`, which it
+//! reaches through `dlsym` (no GOT slot to hook), so `pthread_exit` itself
+//! is hooked: it restores like `_Unwind_Resume` and never returns.
+//!
+//! # Context switches
+//!
+//! `swapcontext` and `setcontext` leave the stack the shadow stack is in
+//! step with.  Their hooks ([`leave_stack`]) restore every frame — on the
+//! current stack above the caller, plus a traced function that tail-called
+//! the switch, whose return address is the hook's own (a stub passes where
+//! it is) — and drop them all: a frame active at a context switch gets no
+//! `ret` callback, and the next stack starts with an empty shadow stack.
+//!
+//! Not covered: `pthread_cancel` (the cancelled thread starts its forced
+//! unwind inside libc), modules linked statically with the unwinder,
+//! `dlopen`ed modules that throw before the module watcher hooked them,
+//! and stack switches that do not go through the two functions above
+//! (hand-written assembly).
 //!
 //! [`fgraph::stale_frames`]: crate::fgraph::stale_frames
 
@@ -105,7 +120,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 /// The functions hooked, in [`Entry`] order.
-pub const HOOKED: [&str; 8] = [
+pub const HOOKED: [&str; 9] = [
     "_Unwind_RaiseException",
     "_Unwind_Resume",
     "_Unwind_Resume_or_Rethrow",
@@ -114,6 +129,7 @@ pub const HOOKED: [&str; 8] = [
     "__cxa_begin_catch",
     "swapcontext",
     "setcontext",
+    "pthread_exit",
 ];
 
 #[derive(Clone, Copy)]
@@ -127,6 +143,7 @@ enum Entry {
     BeginCatch,
     SwapContext,
     SetContext,
+    PthreadExit,
 }
 
 /// The real functions (0: not found in this process).
@@ -951,6 +968,22 @@ extern "C" fn hook_setcontext(ucp: *const c_void, caller_sp: usize, ret_slot: us
     unsafe { f(ucp) }
 }
 
+/// `pthread_exit`: glibc unwinds the thread with `_Unwind_ForcedUnwind`,
+/// which it reaches through `dlsym` (no GOT to hook), running every
+/// frame's cleanups; restoring first lets it walk past the traced frames
+/// (else it stops at the first hijacked return, and the destructors above
+/// it never run).  Like `_Unwind_Resume`, this never returns: the canary
+/// stays in this frame while the unwinder runs.
+extern "C-unwind" fn hook_pthread_exit(retval: *mut c_void, caller_sp: usize) {
+    let canary = Cell::new(0u64);
+    before(&canary, caller_sp, frame_pointer());
+    let f: unsafe extern "C-unwind" fn(*mut c_void) = real(Entry::PthreadExit);
+    // SAFETY: the real function, with the caller's argument.
+    unsafe { f(retval) };
+    std::hint::black_box(&canary);
+    fatal(b"ftramp unwind: pthread_exit returned\n")
+}
+
 /// A stub `$name` for a context-switch hook: `$hook` gets the caller's sp
 /// in argument register `$x86` / `$a64` and the address of the return
 /// address in the next one (`$x86b` / `$a64b`).  x86_64: the stack slot,
@@ -1035,6 +1068,7 @@ stub!("ftramp_unwind_backtrace", hook_backtrace, "rdx", "x2");
 stub!("ftramp_unwind_begin_catch", hook_begin_catch, "rsi", "x1");
 ctx_stub!("ftramp_unwind_swapcontext", hook_swapcontext, "rdx", "rcx", "x2", "x3");
 ctx_stub!("ftramp_unwind_setcontext", hook_setcontext, "rsi", "rdx", "x1", "x2");
+stub!("ftramp_unwind_pthread_exit", hook_pthread_exit, "rsi", "x1");
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 extern "C" {
@@ -1047,6 +1081,7 @@ extern "C" {
     fn ftramp_unwind_begin_catch();
     fn ftramp_unwind_swapcontext();
     fn ftramp_unwind_setcontext();
+    fn ftramp_unwind_pthread_exit();
 }
 
 /// The hooks' entry stubs, in [`HOOKED`] order.
@@ -1061,6 +1096,7 @@ fn hook_addrs() -> Vec<usize> {
         ftramp_unwind_begin_catch,
         ftramp_unwind_swapcontext,
         ftramp_unwind_setcontext,
+        ftramp_unwind_pthread_exit,
     ];
     stubs.iter().map(|f| *f as usize).collect()
 }

@@ -211,3 +211,51 @@ extern "C" void unw_func(long f, void **addr, long *ncalls, long *nrets)
 	*ncalls = calls[f];
 	*nrets = rets[f];
 }
+
+/* --- pthread_exit inside traced frames: glibc unwinds the thread
+ * (_Unwind_ForcedUnwind, reached through dlsym), running the destructors of
+ * every frame on the way.  The innermost traced function has none, so the
+ * unwinder meets a hijacked return before any hook would run. */
+#include <pthread.h>
+
+static long pexit_dtors;
+
+struct CountingGuard {
+	~CountingGuard() { __atomic_add_fetch(&pexit_dtors, 1, __ATOMIC_SEQ_CST); }
+};
+
+TRACEE void unw_pexit_finish(long v)
+{
+	pthread_exit((void *)v);
+}
+
+TRACEE void unw_pexit_mid(long v)
+{
+	CountingGuard g;
+	unw_pexit_finish(v);
+}
+
+TRACEE void *unw_pexit_worker(void *arg)
+{
+	CountingGuard g;
+	unw_pexit_mid((long)arg);
+	return nullptr;
+}
+
+/* Runs `n` threads that leave through pthread_exit two traced frames down:
+ * the sum of their exit values times 1000 plus the destructors run (2 per
+ * thread when the unwinder gets through every frame). */
+extern "C" long unw_pexit_run(long n)
+{
+	pexit_dtors = 0;
+	pthread_t t[16];
+	long sum = 0;
+	for (long i = 0; i < n && i < 16; i++)
+		pthread_create(&t[i], nullptr, unw_pexit_worker, (void *)(i + 1));
+	for (long i = 0; i < n && i < 16; i++) {
+		void *r;
+		pthread_join(t[i], &r);
+		sum += (long)r;
+	}
+	return sum * 1000 + pexit_dtors;
+}
