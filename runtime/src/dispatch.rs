@@ -1,7 +1,7 @@
 //! What trampolines call: the per-ops thunks and the list function.
 //!
 //! Every path from a trampoline into user code passes through here first,
-//! so the thread is marked as inside dispatch ([`grace::DispatchGuard`])
+//! so the thread is marked as inside dispatch ([`crate::grace::DispatchGuard`])
 //! while a callback may run, and unregistering can wait for it.
 //!
 //! * direct and callsite dispatch call `op->entry`, one of the thunks below

@@ -93,7 +93,7 @@
 //! # Context switches
 //!
 //! `swapcontext` and `setcontext` leave the stack the shadow stack is in
-//! step with.  Their hooks ([`leave_stack`]) restore every frame — on the
+//! step with.  Their hooks (`leave_stack`) restore every frame — on the
 //! current stack above the caller, plus a traced function that tail-called
 //! the switch, whose return address is the hook's own (a stub passes where
 //! it is) — and drop them all: a frame active at a context switch gets no
@@ -119,7 +119,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
-/// The functions hooked, in [`Entry`] order.
+/// The functions hooked, in `Entry` order.
 pub const HOOKED: [&str; 9] = [
     "_Unwind_RaiseException",
     "_Unwind_Resume",
