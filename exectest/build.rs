@@ -72,6 +72,15 @@ fn main() {
             b.flag(&f);
         }
         b.file(c.join("tracee_avx.c")).compile("ftramp_tracee_avx");
+        // __m512 arguments and returns (tests/vector_upper.rs, AVX-512F CPUs).
+        println!("cargo:rerun-if-changed={}", c.join("tracee_avx512.c").display());
+        let mut b = cc::Build::new();
+        base(&mut b);
+        b.flag("-mavx512f");
+        for f in flags("flags") {
+            b.flag(&f);
+        }
+        b.file(c.join("tracee_avx512.c")).compile("ftramp_tracee_avx512");
         // long double returns in st(0)/st(1) (tests/x87_return.rs).
         println!("cargo:rerun-if-changed={}", c.join("tracee_x87.c").display());
         let mut b = cc::Build::new();

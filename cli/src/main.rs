@@ -64,7 +64,7 @@ impl ArchArgs {
 }
 
 /// `--vector-upper`, for the commands that generate trampolines.
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone, Copy)]
 struct VectorUpperArg {
     /// Keep the upper halves of the vector registers too (x86_64: `ymm`, for
     /// `__m256` arguments and return values, which AVX code in a callback can
@@ -72,12 +72,21 @@ struct VectorUpperArg {
     /// its own where the CPU has AVX (see README, "Vector upper halves").
     #[arg(long)]
     vector_upper: bool,
+    /// With --vector-upper: the CPU's vector registers are wider still
+    /// (x86_64 AVX-512: `zmm`), so put the upper halves back without
+    /// clearing the bits above them (EVEX `vinsertf32x4` instead of
+    /// `vinsertf128`, which would clear bits 256-511 of `__m512`
+    /// arguments); the code then needs AVX-512F.  The runtime does this on
+    /// its own where the CPU has AVX-512F.
+    #[arg(long, requires = "vector_upper")]
+    vector_wider: bool,
 }
 
 /// The generation options of `ftramp asm` and `ftramp gen`, with
 /// `--vector-upper` refused, naming the flag, where the spec has no upper
 /// vector bits.
-fn gen_options(spec: &Spec, entry: SiteEntry, vector_upper: bool) -> Result<GenOptions> {
+fn gen_options(spec: &Spec, entry: SiteEntry, upper: &VectorUpperArg) -> Result<GenOptions> {
+    let VectorUpperArg { vector_upper, vector_wider } = *upper;
     if vector_upper && spec.vector_upper_bytes == 0 {
         bail!(
             "--vector-upper: the {} spec ({}) has no upper vector bits (registers.vector_upper_bytes); only x86_64's has",
@@ -85,7 +94,7 @@ fn gen_options(spec: &Spec, entry: SiteEntry, vector_upper: bool) -> Result<GenO
             spec.file
         );
     }
-    Ok(GenOptions { entry, vector_upper })
+    Ok(GenOptions { entry, vector_upper, vector_wider })
 }
 
 #[derive(Subcommand)]
@@ -258,7 +267,7 @@ fn main() -> Result<()> {
                 }
             }
         }
-        Cmd::Asm { arch: a, variant, all, stub, upper: VectorUpperArg { vector_upper } } => {
+        Cmd::Asm { arch: a, variant, all, stub, upper } => {
             let specs = if all {
                 arch::all().map(|b| Spec::builtin(b.name())).collect::<Result<Vec<_>, _>>()?
             } else {
@@ -273,22 +282,22 @@ fn main() -> Result<()> {
                     }
                     bail!("--stub: the {} spec ({}) has no stub entry (site.stub); only x86_64's has", spec.name, spec.file);
                 }
-                if all && vector_upper && spec.vector_upper_bytes == 0 {
+                if all && upper.vector_upper && spec.vector_upper_bytes == 0 {
                     continue;
                 }
-                let image = Image::generate_opts(&spec, &vs, gen_options(&spec, entry, vector_upper)?)?;
+                let image = Image::generate_opts(&spec, &vs, gen_options(&spec, entry, &upper)?)?;
                 out!("==== {} ({}) ====", spec.name, spec.file);
                 outp!("{}", listing::image(&spec, &image)?);
             }
         }
         Cmd::Demo(a) => demo::run(a)?,
-        Cmd::Gen { arch: a, output, header: want_header, variant, prefix, upper: VectorUpperArg { vector_upper } } => {
+        Cmd::Gen { arch: a, output, header: want_header, variant, prefix, upper } => {
             let spec = a.load()?;
             let bytes = if want_header {
                 header::header(&spec, &prefix).into_bytes()
             } else {
                 let vs = variants(&variant, &DEFAULT_OBJECT)?;
-                let image = Image::generate_opts(&spec, &vs, gen_options(&spec, SiteEntry::Call, vector_upper)?)?;
+                let image = Image::generate_opts(&spec, &vs, gen_options(&spec, SiteEntry::Call, &upper)?)?;
                 object::write(&spec, &image, &object::ObjectOptions { prefix })?
             };
             match output.as_deref() {

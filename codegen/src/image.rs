@@ -60,7 +60,7 @@ impl Image {
     /// As [`Image::generate`], for sites that enter as `entry`
     /// ([`SiteEntry::Stub`] needs a spec with `site.stub`).
     pub fn generate_for(spec: &Spec, variants: &[Variant], entry: SiteEntry) -> Result<Image, CodegenError> {
-        Self::generate_opts(spec, variants, GenOptions { entry, vector_upper: false })
+        Self::generate_opts(spec, variants, GenOptions { entry, ..Default::default() })
     }
 
     /// As [`Image::generate`], with every generation option
@@ -86,6 +86,9 @@ impl Image {
                 arch: backend.name(),
                 what: "vector upper bits (the spec does not set registers.vector_upper_bytes)".into(),
             });
+        }
+        if opts.vector_wider && !opts.vector_upper {
+            return Err(CodegenError::Unsupported { arch: backend.name(), what: "vector_wider without vector_upper".into() });
         }
         for v in variants {
             if let Variant::Entry { dispatch: program::Dispatch::Multi(n), .. } = *v {
@@ -179,7 +182,7 @@ fn lower(e: &mut dyn arch::Emitter, spec: &Spec, step: &Step) -> Result<(), Code
         Step::AlignSp { scratch } => e.align_sp(*scratch, spec.stack_alignment),
         Step::RestoreSp => e.restore_sp(),
         Step::StoreUpper { reg, base, off } => e.store_upper(*reg, *base, *off),
-        Step::RestoreUppers { regs, base, scratch } => e.restore_uppers(regs, *base, *scratch),
+        Step::RestoreUppers { regs, base, scratch, wider } => e.restore_uppers(regs, *base, *scratch, *wider),
         Step::PopFpStack { max, base, off, scratch } => e.pop_fp_stack(*max, *base, *off, *scratch),
         Step::PushFpStack { max, base, off } => e.push_fp_stack(*max, *base, *off),
         Step::SaveFlags { off, scratch } => e.save_flags(*off, *scratch),

@@ -143,6 +143,13 @@ pub struct GenOptions {
     /// which needs a CPU with AVX).  See "Vector upper halves" in the
     /// module docs.
     pub vector_upper: bool,
+    /// With `vector_upper`: the CPU's vector registers are wider still
+    /// (x86_64 with AVX-512: `zmm`), so the upper bits go back with an
+    /// instruction that leaves the bits above them alone (EVEX
+    /// `vinsertf32x4`) instead of one that clears them (VEX `vinsertf128`,
+    /// which would clear bits 256-511 of a `__m512` argument).  Needs
+    /// AVX-512F.
+    pub vector_wider: bool,
 }
 
 /// One trampoline kind the generator makes.
@@ -413,9 +420,11 @@ pub enum Step {
     /// Puts back the upper bits [`Step::StoreUpper`] saved at `[base +
     /// off]` of each `(reg, off)` if any of them is non-zero (else they were
     /// all zero, which the callbacks leave them as: compiled code clears
-    /// them with `vzeroupper` before it returns).  Clobbers `scratch` (one
-    /// of the registers, whose low part is loaded afterwards) and the flags.
-    RestoreUppers { regs: Vec<(Reg, i32)>, base: Reg, scratch: Reg },
+    /// them with `vzeroupper` before it returns).  Clobbers `scratch` (the
+    /// spec's `trampoline.vector_scratch`, else one of the registers, whose
+    /// low part is loaded afterwards) and the flags.  `wider`: see
+    /// [`GenOptions::vector_wider`].
+    RestoreUppers { regs: Vec<(Reg, i32)>, base: Reg, scratch: Reg, wider: bool },
     /// Pops the non-empty registers at the top of the FP register stack,
     /// at most `max` (spec `abi.fp_stack_ret`), into 16-byte slots at
     /// `[base + off + 16 * (1 + i)]` for the `i`-th pop, and records what it
@@ -474,7 +483,7 @@ pub fn steps(spec: &Spec, layout: &FrameLayout, variant: Variant) -> Vec<Step> {
 /// ([`SiteEntry::Stub`] only where the spec sets `site.stub`).  A stub-entry
 /// `return_to_handler` starts with the [`Step::CallThrough`] prefix.
 pub fn steps_for(spec: &Spec, layout: &FrameLayout, variant: Variant, entry: SiteEntry) -> Vec<Step> {
-    steps_with(spec, layout, variant, GenOptions { entry, vector_upper: false })
+    steps_with(spec, layout, variant, GenOptions { entry, ..Default::default() })
 }
 
 /// [`steps_for`] with every generation option ([`GenOptions::vector_upper`]
@@ -676,7 +685,8 @@ fn upper_steps(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: GenOpt
     let size = spec.vector_upper_bytes as i32;
     let regs: Vec<(Reg, i32)> = vectors.iter().enumerate().map(|(i, r)| (*r, at + i as i32 * size)).collect();
     let stores = regs.iter().map(|&(reg, off)| Step::StoreUpper { reg, base: sp, off }).collect();
-    (stores, vec![Step::RestoreUppers { regs, base: sp, scratch: vectors[0] }])
+    let scratch = spec.vector_scratch.unwrap_or(vectors[0]);
+    (stores, vec![Step::RestoreUppers { regs, base: sp, scratch, wider: opts.vector_wider }])
 }
 
 fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch, opts: GenOptions) -> Vec<Step> {
@@ -977,11 +987,12 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
         Step::PopJump { scratch } => format!("pop_jump  {}  ; resume (no `ret`: the site did not `call`)", r(scratch)),
         Step::CallThrough { scratch } => format!("call_through {}  ; ftrace_call_through: pop the resume address, call it; returns to the next step", r(scratch)),
         Step::StoreUpper { reg, base, off } => format!("store_upper {} -> {}  ; upper bits", r(reg), mem(base, off)),
-        Step::RestoreUppers { regs, base, scratch } => format!(
-            "restore_uppers {} from {}.. if any is non-zero (test via {})",
+        Step::RestoreUppers { regs, base, scratch, wider } => format!(
+            "restore_uppers {} from {}.. if any is non-zero (test via {}){}",
             regs.iter().map(|(g, _)| r(g)).collect::<Vec<_>>().join(","),
             mem(base, &regs.first().map(|x| x.1).unwrap_or(0)),
-            r(scratch)
+            r(scratch),
+            if *wider { ", keeping the bits above" } else { "" }
         ),
         Step::PopFpStack { max, base, off, scratch } => format!(
             "pop_fp_stack up to {max} -> {}.., count at {}  ; x87 return values (test via {})",
@@ -1043,7 +1054,7 @@ mod tests {
         let variants = Variant::ALL.into_iter().chain([Variant::multi(Tier::Args, 3).unwrap(), Variant::multi(Tier::Regs, 2).unwrap()]);
         for v in variants {
             for entry in [SiteEntry::Call, SiteEntry::Stub] {
-                let opts = GenOptions { entry, vector_upper: true };
+                let opts = GenOptions { entry, vector_upper: true, ..Default::default() };
                 let below = upper_area(&spec, &layout, v, opts) as i32;
                 let frame = frame_size_with(&spec, &layout, v, opts) as i32;
                 let vectors = saved_vectors(&spec, &layout, v).len() as i32;
@@ -1079,7 +1090,7 @@ mod tests {
         for v in Variant::ALL {
             for vector_upper in [false, true] {
                 for entry in [SiteEntry::Call, SiteEntry::Stub] {
-                    let opts = GenOptions { entry, vector_upper };
+                    let opts = GenOptions { entry, vector_upper, ..Default::default() };
                     let steps = steps_with(&spec, &layout, v, opts);
                     let pops: Vec<(usize, u8, i32)> = steps.iter().enumerate().filter_map(|(i, s)| if let Step::PopFpStack { max, off, .. } = s { Some((i, *max, *off)) } else { None }).collect();
                     let pushes: Vec<(usize, u8, i32)> = steps.iter().enumerate().filter_map(|(i, s)| if let Step::PushFpStack { max, off, .. } = s { Some((i, *max, *off)) } else { None }).collect();

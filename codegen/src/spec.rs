@@ -223,6 +223,11 @@ pub struct RawTrampoline {
     /// around every call into the runtime (`Emitter::align_sp`).
     #[serde(default)]
     pub realign_sp: bool,
+    /// A vector register that carries nothing at a function entry nor at a
+    /// return site, for the upper-bits restore's test (else it uses the
+    /// first saved vector register, whose low part is reloaded after).
+    #[serde(default)]
+    pub vector_scratch: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -291,6 +296,8 @@ pub struct Spec {
     pub resume_return_address: Vec<Reg>,
     pub scratch: Vec<Reg>,
     pub return_via: Reg,
+    /// `trampoline.vector_scratch`.
+    pub vector_scratch: Option<Reg>,
     pub ftrace_regs: Vec<SlotKind>,
     pub pt_regs: Vec<SlotKind>,
 }
@@ -594,6 +601,16 @@ impl Checker<'_> {
         if int_ret.contains(&return_via) || callee_saved.contains(&return_via) {
             return Err(self.err("trampoline.return_via", "must not be a return-value or callee-saved register"));
         }
+        let vector_scratch = match &t.vector_scratch {
+            None => None,
+            Some(n) => {
+                let r = self.list("trampoline.vector_scratch", std::slice::from_ref(n), Some(RegClass::Vector))?[0];
+                if fp_args.contains(&r) || fp_ret.contains(&r) || callee_saved.contains(&r) {
+                    return Err(self.err("trampoline.vector_scratch", format!("`{n}` carries a value at entry or return, or is callee-saved")));
+                }
+                Some(r)
+            }
+        };
 
         let ftrace_regs = self.slots("ftrace_regs.slots", &raw.ftrace_regs.slots)?;
         let pt_regs = self.slots("pt_regs.slots", &raw.pt_regs.slots)?;
@@ -669,6 +686,7 @@ impl Checker<'_> {
             resume_return_address,
             scratch,
             return_via,
+            vector_scratch,
             ftrace_regs,
             pt_regs,
             raw,

@@ -237,15 +237,20 @@ fn capstone_and_objdump_agree_on_every_trampoline() {
     let mut problems = Vec::new();
     for backend in arch::all() {
         let spec = Spec::builtin(backend.name()).unwrap();
-        problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Call, vector_upper: false }));
+        problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Call, ..Default::default() }));
         if spec.raw.site.stub {
-            problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Stub, vector_upper: false }));
+            problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Stub, ..Default::default() }));
         }
-        // The upper-halves steps (x86_64 AVX), in both site forms.
+        // The upper-halves steps (x86_64 AVX), in both site forms, with the
+        // VEX restore and with the EVEX one (AVX-512, hand-encoded).
         if spec.vector_upper_bytes > 0 {
-            problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Call, vector_upper: true }));
-            if spec.raw.site.stub {
-                problems.extend(check_arch(&spec, GenOptions { entry: SiteEntry::Stub, vector_upper: true }));
+            for entry in [SiteEntry::Call, SiteEntry::Stub] {
+                if entry == SiteEntry::Stub && !spec.raw.site.stub {
+                    continue;
+                }
+                for vector_wider in [false, true] {
+                    problems.extend(check_arch(&spec, GenOptions { entry, vector_upper: true, vector_wider }));
+                }
             }
         }
     }

@@ -79,7 +79,7 @@ fn vector_upper_variants() {
     let mut count = 0;
     for backend in arch::all() {
         let spec = Spec::builtin(backend.name()).unwrap();
-        let opts = GenOptions { entry: if spec.raw.site.stub { SiteEntry::Stub } else { SiteEntry::Call }, vector_upper: true };
+        let opts = GenOptions { entry: if spec.raw.site.stub { SiteEntry::Stub } else { SiteEntry::Call }, vector_upper: true, vector_wider: false };
         if spec.vector_upper_bytes == 0 {
             assert!(Image::generate_opts(&spec, &[Variant::Return], opts).is_err(), "{}: vector_upper without registers.vector_upper_bytes", backend.name());
             continue;
@@ -92,8 +92,20 @@ fn vector_upper_variants() {
             });
             count += 1;
         }
+        // AVX-512 CPUs: the restore keeps bits 256-511 (EVEX inserts).
+        let wider = GenOptions { vector_wider: true, ..opts };
+        let image = Image::generate_opts(&spec, &[Variant::Entry { tier: Tier::Args, dispatch: Dispatch::Direct }], wider).unwrap();
+        let text = listing::image(&spec, &image).unwrap();
+        insta::with_settings!({snapshot_path => "../../snapshots", prepend_module_to_snapshot => false, omit_expression => true}, {
+            insta::assert_snapshot!(format!("{}__wider-stub-args-direct", backend.name()), text);
+        });
+        assert!(
+            Image::generate_opts(&spec, &[Variant::Return], GenOptions { vector_upper: false, ..wider }).is_err(),
+            "vector_wider without vector_upper is refused"
+        );
+        count += 1;
     }
-    assert_eq!(count, 2, "x86_64 has vector upper halves");
+    assert_eq!(count, 3, "x86_64 has vector upper halves");
 }
 
 /// The x86_64 site stub and the site's `jmp`, decoded by capstone at their

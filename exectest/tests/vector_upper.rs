@@ -27,6 +27,12 @@ extern "C" {
     fn avx_check(rounds: i32) -> i32;
 }
 
+// `tests/c/tracee_avx512.c`: one traced function with __m512d arguments.
+#[link(name = "ftramp_tracee_avx512", kind = "static")]
+extern "C" {
+    fn avx512_check(rounds: i32) -> i32;
+}
+
 /// Set in the child of [`without_the_upper_halves_the_lanes_are_wrong`].
 const EXPECT_CLOBBER: &str = "FTRAMP_TEST_EXPECT_CLOBBER";
 
@@ -152,4 +158,50 @@ fn call_sites_keep_the_upper_halves_too() {
     }
     run_child(&[("FTRAMP_SITE_ENTRY", "call")]);
     run_child(&[("FTRAMP_SITE_ENTRY", "call"), ("FTRAMP_VECTOR_UPPER", "0"), (EXPECT_CLOBBER, "1")]);
+}
+
+extern "C" fn ops_quiet(_ip: usize, _parent: usize, _op: &Ops, _fregs: &mut FtraceRegs) {
+    ENTRIES.fetch_add(1, SeqCst);
+}
+
+extern "C" fn graph_quiet_entry(_ent: &GraphEnt, _user: &Fgraph, _fregs: &mut FtraceRegs) -> bool {
+    true
+}
+
+extern "C" fn graph_quiet_ret(_ret: &GraphRet, _user: &Fgraph, _fregs: &mut FtraceRegs) {
+    RETURNS.fetch_add(1, SeqCst);
+}
+
+/// On AVX-512 CPUs the trampolines' own restore of the `ymm` upper halves
+/// must leave bits 256-511 of `zmm` alone: a `__m512d` argument and return
+/// value pass through callbacks that do not touch the vector registers
+/// (the common case: no AVX code, or glibc's EVEX string functions, which
+/// use `ymm16-31`) with all 512 bits, with ops of both tiers and fgraph.
+#[test]
+fn m512_arguments_and_returns_survive_the_trampolines() {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        eprintln!("skipped: this CPU has no AVX-512F");
+        return;
+    }
+    // SAFETY (test): the checker only calls its AVX-512 tracee; the CPU has AVX-512F.
+    assert_eq!(unsafe { avx512_check(3) }, 0, "untraced");
+    let f = || Filter::new().symbol("avx512_scale");
+    for (flags, graph) in [(OpsFlags::empty(), true), (OpsFlags::SAVE_REGS, false)] {
+        let (e0, r0) = (ENTRIES.load(SeqCst), RETURNS.load(SeqCst));
+        let ops = Arc::new(Ops::new(ops_quiet).flags(flags).filter(f()));
+        ftrace().register(ops.clone()).unwrap();
+        let user = Arc::new(Fgraph::new(graph_quiet_entry, graph_quiet_ret).filter(f()).skip_timestamp(true));
+        if graph {
+            fgraph::register_fgraph(user.clone()).unwrap();
+        }
+        // SAFETY: as above.
+        let bad = unsafe { avx512_check(3) };
+        let (entries, returns) = (ENTRIES.load(SeqCst) - e0, RETURNS.load(SeqCst) - r0);
+        if graph {
+            fgraph::unregister_fgraph(&user).unwrap();
+        }
+        ftrace().unregister(&ops).unwrap();
+        assert_eq!((entries, returns), (3, if graph { 3 } else { 0 }), "{flags:?}: every call traced");
+        assert_eq!(bad, 0, "{flags:?}: wrong lanes: bits 256-511 of a zmm argument or return value were lost");
+    }
 }

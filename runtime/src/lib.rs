@@ -92,14 +92,29 @@ pub fn host_spec() -> &'static Spec {
 /// and the vector registers' upper halves kept where the spec has them and
 /// the CPU has them (x86_64 with AVX: `__m256` arguments and return values
 /// survive AVX code in a callback; codegen `program.rs`, "Vector upper
-/// halves").  `FTRAMP_VECTOR_UPPER=0` (read once) leaves them out, for
-/// comparisons.
+/// halves"), put back without clearing the bits above them where the
+/// registers are wider still (AVX-512: `__m512` arguments).
+/// `FTRAMP_VECTOR_UPPER=0` (read once) leaves them out, for comparisons.
 pub fn gen_options() -> ftramp_codegen::GenOptions {
     static OPTS: std::sync::OnceLock<ftramp_codegen::GenOptions> = std::sync::OnceLock::new();
     *OPTS.get_or_init(|| {
         let off = std::env::var_os("FTRAMP_VECTOR_UPPER").is_some_and(|v| v == "0");
-        ftramp_codegen::GenOptions { entry: site_entry(), vector_upper: !off && host_spec().vector_upper_bytes > 0 && host_has_vector_upper() }
+        let vector_upper = !off && host_spec().vector_upper_bytes > 0 && host_has_vector_upper();
+        ftramp_codegen::GenOptions { entry: site_entry(), vector_upper, vector_wider: vector_upper && host_has_wider_vectors() }
     })
+}
+
+/// The CPU's vector registers are wider than the spec's upper bits reach
+/// (x86_64: AVX-512F, `zmm`).
+fn host_has_wider_vectors() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// The CPU has the upper vector bits the host spec describes (x86_64: AVX,

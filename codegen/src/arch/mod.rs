@@ -170,7 +170,7 @@ pub trait Emitter {
         Err(CodegenError::Unsupported { arch: "generic", what: "registers.vector_upper_bytes (vector upper bits)".into() })
     }
     /// [`crate::program::Step::RestoreUppers`].
-    fn restore_uppers(&mut self, _regs: &[(Reg, i32)], _base: Reg, _scratch: Reg) -> Result<(), CodegenError> {
+    fn restore_uppers(&mut self, _regs: &[(Reg, i32)], _base: Reg, _scratch: Reg, _wider: bool) -> Result<(), CodegenError> {
         Err(CodegenError::Unsupported { arch: "generic", what: "registers.vector_upper_bytes (vector upper bits)".into() })
     }
     /// [`crate::program::Step::PopFpStack`]: only arches whose spec sets

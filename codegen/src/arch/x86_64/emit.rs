@@ -25,6 +25,30 @@ impl X64Emitter {
         check_signed(ARCH, "memory displacement", off as i64, 32, "disp32").map(|v| v as i32)
     }
 
+    /// `vinsertf32x4 zmmN, zmmN, [base + disp32], 1`: bits 128-255 of
+    /// `zmmN` from memory, the rest of the register kept (EVEX.512.66.0F3A.W0
+    /// 18 /r ib).  Encoded here because dynasm-rs has no AVX-512; always
+    /// with a 32-bit displacement (EVEX scales 8-bit ones by the operand
+    /// size).  The objdump oracle checks the bytes.
+    fn vinsertf32x4_lane1(&mut self, n: u8, base: u8, disp: i32) {
+        debug_assert!(n < 16 && base < 16);
+        let inv = |bit: u8| (!bit) & 1;
+        // P0: R X B R' 0 0 m m (R, X, B, R' inverted; map 0F3A = 3).
+        let p0 = (inv(n >> 3) << 7) | (1 << 6) | (inv(base >> 3) << 5) | (1 << 4) | 0b11;
+        // P1: W vvvv 1 pp (W0; vvvv = the source register, inverted; pp = 66).
+        let p1 = (((!n) & 0xf) << 3) | (1 << 2) | 0b01;
+        // P2: z L'L b V' aaa (512 bits; V' inverted; no mask).
+        let p2 = (0b10 << 5) | (1 << 3);
+        let modrm = (0b10 << 6) | ((n & 7) << 3) | (base & 7);
+        let mut bytes = vec![0x62, p0, p1, p2, 0x18, modrm];
+        if base & 7 == 4 {
+            bytes.push(0x24); // SIB: base only
+        }
+        bytes.extend_from_slice(&disp.to_le_bytes());
+        bytes.push(1);
+        self.ops.extend(bytes);
+    }
+
     /// Records that the instruction just emitted ends with a disp32 that
     /// must point at `word`.
     fn fixup_last(&mut self, word: DataWord) {
@@ -193,7 +217,7 @@ impl Emitter for X64Emitter {
         Ok(())
     }
 
-    fn restore_uppers(&mut self, regs: &[(Reg, i32)], base: Reg, scratch: Reg) -> Result<(), CodegenError> {
+    fn restore_uppers(&mut self, regs: &[(Reg, i32)], base: Reg, scratch: Reg, wider: bool) -> Result<(), CodegenError> {
         if regs.is_empty() {
             return Ok(());
         }
@@ -213,7 +237,11 @@ impl Emitter for X64Emitter {
         dynasm!(self.ops ; .arch x64 ; vptest Rx(x), Rx(x) ; jz >zero);
         for &(reg, off) in regs {
             let d = Self::disp(off)?;
-            dynasm!(self.ops ; .arch x64 ; vinsertf128 Ry(reg.enc), Ry(reg.enc), OWORD [Rq(b) + d], 1);
+            if wider {
+                self.vinsertf32x4_lane1(reg.enc, b, d);
+            } else {
+                dynasm!(self.ops ; .arch x64 ; vinsertf128 Ry(reg.enc), Ry(reg.enc), OWORD [Rq(b) + d], 1);
+            }
         }
         dynasm!(self.ops ; .arch x64 ; zero:);
         Ok(())
