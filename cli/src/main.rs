@@ -72,11 +72,12 @@ struct VectorUpperArg {
     /// its own where the CPU has AVX (see README, "Vector upper halves").
     #[arg(long)]
     vector_upper: bool,
-    /// With --vector-upper: the CPU's vector registers are wider still
-    /// (x86_64 AVX-512: `zmm`), so put the upper halves back without
-    /// clearing the bits above them (EVEX `vinsertf32x4` instead of
-    /// `vinsertf128`, which would clear bits 256-511 of `__m512`
-    /// arguments); the code then needs AVX-512F.  The runtime does this on
+    /// With --vector-upper: keep the bits above the upper halves too (x86_64
+    /// AVX-512: bits 256-511 of `zmm`, for `__m512` arguments and return
+    /// values; saved only when an upper half is non-zero) and put everything
+    /// back with inserts that keep the rest of the register (EVEX
+    /// `vinsertf64x4`/`vinsertf32x4`; `vinsertf128` would clear bits
+    /// 256-511); the code then needs AVX-512F.  The runtime does this on
     /// its own where the CPU has AVX-512F.
     #[arg(long, requires = "vector_upper")]
     vector_wider: bool,

@@ -69,9 +69,10 @@ fn vector_upper_listings_save_and_test_the_upper_halves() {
     assert!(err.contains("aarch64") && err.contains("vector_upper_bytes"), "{err}");
 }
 
-/// `--vector-wider` (AVX-512): the upper halves go back with EVEX inserts
-/// that keep bits 256-511 of `zmm`, tested in a register that carries
-/// nothing (xmm15); it needs `--vector-upper`.
+/// `--vector-wider` (AVX-512): bits 256-511 of `zmm` are saved too, and
+/// everything goes back with EVEX inserts that keep the rest of the
+/// register, tested in a register that carries nothing (xmm15); it needs
+/// `--vector-upper`.
 #[test]
 fn vector_wider_listings_insert_into_zmm() {
     let out = ftramp(&["asm", "--arch", "x86_64", "-V", "args-direct", "-V", "return", "--vector-upper", "--vector-wider"]);
@@ -79,8 +80,10 @@ fn vector_wider_listings_insert_into_zmm() {
     let text = String::from_utf8(out.stdout).unwrap();
     let count = |what: &str| text.lines().filter(|l| l.contains(what)).count();
     assert_eq!(count("vinsertf32x4 zmm"), 8 + 2, "{text}");
+    assert_eq!(count("vinsertf64x4 zmm"), 8 + 2, "{text}");
+    assert_eq!(count("vextractf64x4 ymmword ptr"), 8 + 2, "{text}");
     assert_eq!(count("vinsertf128"), 0, "{text}");
-    assert_eq!(count("vptest xmm15, xmm15"), 2, "{text}");
+    assert_eq!(count("vptest xmm15, xmm15"), 2 * 2, "{text}");
     let out = ftramp(&["asm", "--arch", "x86_64", "--vector-wider"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--vector-upper"));

@@ -87,8 +87,11 @@ impl Image {
                 what: "vector upper bits (the spec does not set registers.vector_upper_bytes)".into(),
             });
         }
-        if opts.vector_wider && !opts.vector_upper {
-            return Err(CodegenError::Unsupported { arch: backend.name(), what: "vector_wider without vector_upper".into() });
+        if opts.vector_wider && (!opts.vector_upper || spec.vector_wider_bytes == 0) {
+            return Err(CodegenError::Unsupported {
+                arch: backend.name(),
+                what: "vector_wider (needs vector_upper and a spec with registers.vector_wider_bytes)".into(),
+            });
         }
         for v in variants {
             if let Variant::Entry { dispatch: program::Dispatch::Multi(n), .. } = *v {
@@ -182,7 +185,8 @@ fn lower(e: &mut dyn arch::Emitter, spec: &Spec, step: &Step) -> Result<(), Code
         Step::AlignSp { scratch } => e.align_sp(*scratch, spec.stack_alignment),
         Step::RestoreSp => e.restore_sp(),
         Step::StoreUpper { reg, base, off } => e.store_upper(*reg, *base, *off),
-        Step::RestoreUppers { regs, base, scratch, wider } => e.restore_uppers(regs, *base, *scratch, *wider),
+        Step::RestoreUppers { regs, base, scratch, tops } => e.restore_uppers(regs, *base, *scratch, tops),
+        Step::StoreTops { regs, uppers, base, scratch } => e.store_tops(regs, uppers, *base, *scratch),
         Step::PopFpStack { max, base, off, scratch } => e.pop_fp_stack(*max, *base, *off, *scratch),
         Step::PushFpStack { max, base, off } => e.push_fp_stack(*max, *base, *off),
         Step::SaveFlags { off, scratch } => e.save_flags(*off, *scratch),

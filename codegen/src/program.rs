@@ -143,12 +143,15 @@ pub struct GenOptions {
     /// which needs a CPU with AVX).  See "Vector upper halves" in the
     /// module docs.
     pub vector_upper: bool,
-    /// With `vector_upper`: the CPU's vector registers are wider still
-    /// (x86_64 with AVX-512: `zmm`), so the upper bits go back with an
-    /// instruction that leaves the bits above them alone (EVEX
-    /// `vinsertf32x4`) instead of one that clears them (VEX `vinsertf128`,
-    /// which would clear bits 256-511 of a `__m512` argument).  Needs
-    /// AVX-512F.
+    /// With `vector_upper`: keep the bits above those too (spec
+    /// `registers.vector_wider_bytes`; x86_64 with AVX-512: the upper 256
+    /// bits of `zmm`, for `__m512` arguments and return values), and put
+    /// the upper bits back with instructions that leave the rest of the
+    /// register alone (EVEX `vinsertf64x4`/`vinsertf32x4`; VEX
+    /// `vinsertf128` would clear bits 256-511).  The top bits are saved
+    /// only when a saved upper half is non-zero ([`Step::StoreTops`]), so
+    /// no 512-bit instruction runs for a program that passes nothing wider
+    /// than 16 bytes.  Needs AVX-512F.
     pub vector_wider: bool,
 }
 
@@ -422,9 +425,17 @@ pub enum Step {
     /// all zero, which the callbacks leave them as: compiled code clears
     /// them with `vzeroupper` before it returns).  Clobbers `scratch` (the
     /// spec's `trampoline.vector_scratch`, else one of the registers, whose
-    /// low part is loaded afterwards) and the flags.  `wider`: see
-    /// [`GenOptions::vector_wider`].
-    RestoreUppers { regs: Vec<(Reg, i32)>, base: Reg, scratch: Reg, wider: bool },
+    /// low part is loaded afterwards) and the flags.  With `tops` (one
+    /// offset per register, [`GenOptions::vector_wider`]), the bits above
+    /// go back first from there, and every insert keeps the rest of the
+    /// register.
+    RestoreUppers { regs: Vec<(Reg, i32)>, base: Reg, scratch: Reg, tops: Vec<i32> },
+    /// [`GenOptions::vector_wider`]: if any of the upper bits just saved
+    /// at `[base + uppers[i]]` is non-zero, stores the bits above them of
+    /// each `(reg, off)` at `[base + off]` (x86_64 `vextractf64x4`).  The
+    /// restore makes the same test on the same words, so it loads them back
+    /// exactly when they were stored.  Clobbers `scratch` and the flags.
+    StoreTops { regs: Vec<(Reg, i32)>, uppers: Vec<i32>, base: Reg, scratch: Reg },
     /// Pops the non-empty registers at the top of the FP register stack,
     /// at most `max` (spec `abi.fp_stack_ret`), into 16-byte slots at
     /// `[base + off + 16 * (1 + i)]` for the `i`-th pop, and records what it
@@ -652,7 +663,8 @@ pub fn upper_area(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: Gen
     if !opts.vector_upper || spec.vector_upper_bytes == 0 {
         return 0;
     }
-    (saved_vectors(spec, layout, variant).len() as u32 * spec.vector_upper_bytes).div_ceil(16) * 16
+    let per_reg = spec.vector_upper_bytes + if opts.vector_wider { spec.vector_wider_bytes } else { 0 };
+    (saved_vectors(spec, layout, variant).len() as u32 * per_reg).div_ceil(16) * 16
 }
 
 /// Bytes of `return_to_handler`'s frame that keep the x87 return registers
@@ -684,9 +696,20 @@ fn upper_steps(spec: &Spec, layout: &FrameLayout, variant: Variant, opts: GenOpt
     let (sp, at) = (spec.sp, layout.fregs_base() as i32);
     let size = spec.vector_upper_bytes as i32;
     let regs: Vec<(Reg, i32)> = vectors.iter().enumerate().map(|(i, r)| (*r, at + i as i32 * size)).collect();
-    let stores = regs.iter().map(|&(reg, off)| Step::StoreUpper { reg, base: sp, off }).collect();
+    let mut stores: Vec<Step> = regs.iter().map(|&(reg, off)| Step::StoreUpper { reg, base: sp, off }).collect();
     let scratch = spec.vector_scratch.unwrap_or(vectors[0]);
-    (stores, vec![Step::RestoreUppers { regs, base: sp, scratch, wider: opts.vector_wider }])
+    // The top bits after every upper half (vector_wider).
+    let top_at = at + vectors.len() as i32 * size;
+    let tops: Vec<i32> = if opts.vector_wider {
+        (0..vectors.len() as i32).map(|i| top_at + i * spec.vector_wider_bytes as i32).collect()
+    } else {
+        Vec::new()
+    };
+    if !tops.is_empty() {
+        let uppers = regs.iter().map(|r| r.1).collect();
+        stores.push(Step::StoreTops { regs: vectors.iter().copied().zip(tops.iter().copied()).collect(), uppers, base: sp, scratch });
+    }
+    (stores, vec![Step::RestoreUppers { regs, base: sp, scratch, tops }])
 }
 
 fn entry_steps(spec: &Spec, layout: &FrameLayout, tier: Tier, dispatch: Dispatch, opts: GenOptions) -> Vec<Step> {
@@ -987,12 +1010,21 @@ pub fn describe(spec: &Spec, step: &Step) -> String {
         Step::PopJump { scratch } => format!("pop_jump  {}  ; resume (no `ret`: the site did not `call`)", r(scratch)),
         Step::CallThrough { scratch } => format!("call_through {}  ; ftrace_call_through: pop the resume address, call it; returns to the next step", r(scratch)),
         Step::StoreUpper { reg, base, off } => format!("store_upper {} -> {}  ; upper bits", r(reg), mem(base, off)),
-        Step::RestoreUppers { regs, base, scratch, wider } => format!(
+        Step::RestoreUppers { regs, base, scratch, tops } => format!(
             "restore_uppers {} from {}.. if any is non-zero (test via {}){}",
             regs.iter().map(|(g, _)| r(g)).collect::<Vec<_>>().join(","),
             mem(base, &regs.first().map(|x| x.1).unwrap_or(0)),
             r(scratch),
-            if *wider { ", keeping the bits above" } else { "" }
+            match tops.first() {
+                Some(t) => format!(", the bits above them first from {}..", mem(base, t)),
+                None => String::new(),
+            }
+        ),
+        Step::StoreTops { regs, base, scratch, .. } => format!(
+            "store_tops {} -> {}.. if an upper half is non-zero (test via {})  ; bits above the upper ones",
+            regs.iter().map(|(g, _)| r(g)).collect::<Vec<_>>().join(","),
+            mem(base, &regs.first().map(|x| x.1).unwrap_or(0)),
+            r(scratch)
         ),
         Step::PopFpStack { max, base, off, scratch } => format!(
             "pop_fp_stack up to {max} -> {}.., count at {}  ; x87 return values (test via {})",
@@ -1065,6 +1097,24 @@ mod tests {
                 assert!(uppers.iter().all(|o| (32..32 + below).contains(o) && (o - 32) % 16 == 0), "{v}: {uppers:?}");
                 let restores: Vec<&Vec<(Reg, i32)>> = steps.iter().filter_map(|s| if let Step::RestoreUppers { regs, .. } = s { Some(regs) } else { None }).collect();
                 assert!(!restores.is_empty() && restores.iter().all(|r| r.iter().map(|x| x.1).collect::<Vec<_>>() == uppers), "{v}");
+                // With the top bits (AVX-512): after the upper halves, in
+                // the same area, stored under the same test and restored
+                // from the same words.
+                let wide = GenOptions { vector_wider: true, ..opts };
+                let wide_below = upper_area(&spec, &layout, v, wide) as i32;
+                assert_eq!(wide_below, vectors * (16 + 32), "{v}");
+                let wsteps = steps_with(&spec, &layout, v, wide);
+                let tops: Vec<(Vec<i32>, Vec<i32>)> = wsteps
+                    .iter()
+                    .filter_map(|s| if let Step::StoreTops { regs, uppers, .. } = s { Some((regs.iter().map(|r| r.1).collect(), uppers.clone())) } else { None })
+                    .collect();
+                assert_eq!(tops.len(), 1, "{v}");
+                let (top_offs, tested) = &tops[0];
+                assert_eq!(tested, &uppers, "{v}: the store tests the upper halves it stored");
+                assert!(top_offs.iter().enumerate().all(|(i, o)| *o == 32 + below + i as i32 * 32), "{v}: {top_offs:?}");
+                let wrestores: Vec<&Vec<i32>> = wsteps.iter().filter_map(|s| if let Step::RestoreUppers { tops, .. } = s { Some(tops) } else { None }).collect();
+                assert!(!wrestores.is_empty() && wrestores.iter().all(|t| *t == top_offs), "{v}");
+                assert!(wsteps.iter().all(|s| !matches!(s, Step::Store { off, .. } if *off >= 32 && *off < 32 + wide_below)), "{v}: a register slot in the area");
                 for s in &steps {
                     if let Step::Store { off, .. } = s {
                         if *off < frame {

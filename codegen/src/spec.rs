@@ -137,6 +137,11 @@ pub struct RawRegisters {
     /// [`crate::program::GenOptions::vector_upper`] keep them.  0: none.
     #[serde(default)]
     pub vector_upper_bytes: u32,
+    /// Bytes above those in the widest form of the same registers (x86_64
+    /// AVX-512: the upper 32 bytes of `zmm`), kept by trampolines generated
+    /// with [`crate::program::GenOptions::vector_wider`].  0: none.
+    #[serde(default)]
+    pub vector_wider_bytes: u32,
     #[serde(default)]
     pub flags: Option<String>,
     /// A general-purpose register hardwired to zero (riscv64 `zero`): it
@@ -285,6 +290,8 @@ pub struct Spec {
     pub vector_bytes: u32,
     /// `registers.vector_upper_bytes` (0: none).
     pub vector_upper_bytes: u32,
+    /// `registers.vector_wider_bytes` (0: none).
+    pub vector_wider_bytes: u32,
     /// `abi.fp_stack_ret` (0: none).
     pub fp_stack_ret: u32,
     pub nops: Vec<Vec<u8>>,
@@ -510,6 +517,13 @@ impl Checker<'_> {
                 format!("{} is neither 0 nor vector_bytes ({})", regs.vector_upper_bytes, regs.vector_bytes),
             ));
         }
+        // (The widest form doubles the width again: zmm = 2 × ymm.)
+        if regs.vector_wider_bytes != 0 && (regs.vector_upper_bytes == 0 || regs.vector_wider_bytes != regs.vector_bytes + regs.vector_upper_bytes) {
+            return Err(self.err(
+                "registers.vector_wider_bytes",
+                format!("{} is neither 0 nor vector_bytes + vector_upper_bytes ({})", regs.vector_wider_bytes, regs.vector_bytes + regs.vector_upper_bytes),
+            ));
+        }
         let a = &raw.abi;
         if a.fp_stack_ret > 8 {
             return Err(self.err("abi.fp_stack_ret", format!("{} is more than a register stack of 8 holds", a.fp_stack_ret)));
@@ -676,6 +690,7 @@ impl Checker<'_> {
             call_reserve: a.call_reserve,
             vector_bytes: regs.vector_bytes,
             vector_upper_bytes: regs.vector_upper_bytes,
+            vector_wider_bytes: regs.vector_wider_bytes,
             fp_stack_ret: a.fp_stack_ret,
             nops,
             site_len,

@@ -92,8 +92,8 @@ pub fn host_spec() -> &'static Spec {
 /// and the vector registers' upper halves kept where the spec has them and
 /// the CPU has them (x86_64 with AVX: `__m256` arguments and return values
 /// survive AVX code in a callback; codegen `program.rs`, "Vector upper
-/// halves"), put back without clearing the bits above them where the
-/// registers are wider still (AVX-512: `__m512` arguments).
+/// halves"), and the bits above them where the registers are wider still
+/// (AVX-512F: `__m512` arguments and return values, `vector_wider`).
 /// `FTRAMP_VECTOR_UPPER=0` (read once) leaves them out, for comparisons.
 pub fn gen_options() -> ftramp_codegen::GenOptions {
     static OPTS: std::sync::OnceLock<ftramp_codegen::GenOptions> = std::sync::OnceLock::new();

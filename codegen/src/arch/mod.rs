@@ -170,8 +170,13 @@ pub trait Emitter {
         Err(CodegenError::Unsupported { arch: "generic", what: "registers.vector_upper_bytes (vector upper bits)".into() })
     }
     /// [`crate::program::Step::RestoreUppers`].
-    fn restore_uppers(&mut self, _regs: &[(Reg, i32)], _base: Reg, _scratch: Reg, _wider: bool) -> Result<(), CodegenError> {
+    fn restore_uppers(&mut self, _regs: &[(Reg, i32)], _base: Reg, _scratch: Reg, _tops: &[i32]) -> Result<(), CodegenError> {
         Err(CodegenError::Unsupported { arch: "generic", what: "registers.vector_upper_bytes (vector upper bits)".into() })
+    }
+    /// [`crate::program::Step::StoreTops`]: only arches whose spec sets
+    /// `registers.vector_wider_bytes`.
+    fn store_tops(&mut self, _regs: &[(Reg, i32)], _uppers: &[i32], _base: Reg, _scratch: Reg) -> Result<(), CodegenError> {
+        Err(CodegenError::Unsupported { arch: "generic", what: "registers.vector_wider_bytes (vector top bits)".into() })
     }
     /// [`crate::program::Step::PopFpStack`]: only arches whose spec sets
     /// `abi.fp_stack_ret`.

@@ -25,28 +25,61 @@ impl X64Emitter {
         check_signed(ARCH, "memory displacement", off as i64, 32, "disp32").map(|v| v as i32)
     }
 
-    /// `vinsertf32x4 zmmN, zmmN, [base + disp32], 1`: bits 128-255 of
-    /// `zmmN` from memory, the rest of the register kept (EVEX.512.66.0F3A.W0
-    /// 18 /r ib).  Encoded here because dynasm-rs has no AVX-512; always
-    /// with a 32-bit displacement (EVEX scales 8-bit ones by the operand
-    /// size).  The objdump oracle checks the bytes.
-    fn vinsertf32x4_lane1(&mut self, n: u8, base: u8, disp: i32) {
-        debug_assert!(n < 16 && base < 16);
+    /// An EVEX.512.66.0F3A instruction with a memory operand `[base +
+    /// disp32]`, register `reg` in ModRM.reg, `vvvv` (or none), and the
+    /// immediate 1 (the upper lane or half): the AVX-512 inserts and
+    /// extracts of the upper bits, which dynasm-rs does not know.  Always a 32-bit
+    /// displacement (EVEX scales 8-bit ones by the operand size).  The
+    /// objdump oracle checks the bytes.
+    fn evex512_0f3a(&mut self, opcode: u8, w1: bool, reg: u8, vvvv: Option<u8>, base: u8, disp: i32) {
+        debug_assert!(reg < 16 && base < 16 && vvvv.unwrap_or(0) < 16);
         let inv = |bit: u8| (!bit) & 1;
         // P0: R X B R' 0 0 m m (R, X, B, R' inverted; map 0F3A = 3).
-        let p0 = (inv(n >> 3) << 7) | (1 << 6) | (inv(base >> 3) << 5) | (1 << 4) | 0b11;
-        // P1: W vvvv 1 pp (W0; vvvv = the source register, inverted; pp = 66).
-        let p1 = (((!n) & 0xf) << 3) | (1 << 2) | 0b01;
+        let p0 = (inv(reg >> 3) << 7) | (1 << 6) | (inv(base >> 3) << 5) | (1 << 4) | 0b11;
+        // P1: W vvvv 1 pp (vvvv inverted, 1111 when unused; pp = 66).
+        let p1 = (u8::from(w1) << 7) | (((!vvvv.unwrap_or(0)) & 0xf) << 3) | (1 << 2) | 0b01;
         // P2: z L'L b V' aaa (512 bits; V' inverted; no mask).
         let p2 = (0b10 << 5) | (1 << 3);
-        let modrm = (0b10 << 6) | ((n & 7) << 3) | (base & 7);
-        let mut bytes = vec![0x62, p0, p1, p2, 0x18, modrm];
+        let modrm = (0b10 << 6) | ((reg & 7) << 3) | (base & 7);
+        let mut bytes = vec![0x62, p0, p1, p2, opcode, modrm];
         if base & 7 == 4 {
             bytes.push(0x24); // SIB: base only
         }
         bytes.extend_from_slice(&disp.to_le_bytes());
         bytes.push(1);
         self.ops.extend(bytes);
+    }
+
+    /// `vinsertf32x4 zmmN, zmmN, [base + disp], 1` (W0 18 /r ib): bits
+    /// 128-255 of `zmmN` from memory, the rest kept.
+    fn vinsertf32x4_lane1(&mut self, n: u8, base: u8, disp: i32) {
+        self.evex512_0f3a(0x18, false, n, Some(n), base, disp);
+    }
+
+    /// `vinsertf64x4 zmmN, zmmN, [base + disp], 1` (W1 1A /r ib): bits
+    /// 256-511 of `zmmN` from memory, the rest kept.
+    fn vinsertf64x4_hi(&mut self, n: u8, base: u8, disp: i32) {
+        self.evex512_0f3a(0x1a, true, n, Some(n), base, disp);
+    }
+
+    /// `vextractf64x4 [base + disp], zmmN, 1` (W1 1B /r ib): bits 256-511 of
+    /// `zmmN` to memory.
+    fn vextractf64x4_hi(&mut self, n: u8, base: u8, disp: i32) {
+        self.evex512_0f3a(0x1b, true, n, None, base, disp);
+    }
+
+    /// `scratch = OR of the 16-byte words at [base + offs]`, in VEX.128
+    /// form (which writes no wider register), then `vptest`: ZF set when
+    /// they are all zero.
+    fn or_test(&mut self, offs: &[i32], base: u8, x: u8) -> Result<(), CodegenError> {
+        let d0 = Self::disp(offs[0])?;
+        dynasm!(self.ops ; .arch x64 ; vmovdqu Rx(x), OWORD [Rq(base) + d0]);
+        for &off in &offs[1..] {
+            let d = Self::disp(off)?;
+            dynasm!(self.ops ; .arch x64 ; vpor Rx(x), Rx(x), OWORD [Rq(base) + d]);
+        }
+        dynasm!(self.ops ; .arch x64 ; vptest Rx(x), Rx(x));
+        Ok(())
     }
 
     /// Records that the instruction just emitted ends with a disp32 that
@@ -217,7 +250,7 @@ impl Emitter for X64Emitter {
         Ok(())
     }
 
-    fn restore_uppers(&mut self, regs: &[(Reg, i32)], base: Reg, scratch: Reg, wider: bool) -> Result<(), CodegenError> {
+    fn restore_uppers(&mut self, regs: &[(Reg, i32)], base: Reg, scratch: Reg, tops: &[i32]) -> Result<(), CodegenError> {
         if regs.is_empty() {
             return Ok(());
         }
@@ -225,23 +258,42 @@ impl Emitter for X64Emitter {
         if scratch.class != RegClass::Vector || regs.iter().any(|(r, _)| r.class != RegClass::Vector) {
             return Err(unsupported("upper bits of a non-vector register".into()));
         }
-        // The OR of the saved halves, in VEX.128 form (which zeroes the
-        // scratch's own upper half and writes no 256-bit register); only if
-        // it is non-zero, 256-bit inserts put the halves back.
-        let d0 = Self::disp(regs[0].1)?;
-        dynasm!(self.ops ; .arch x64 ; vmovdqu Rx(x), OWORD [Rq(b) + d0]);
-        for &(_, off) in &regs[1..] {
-            let d = Self::disp(off)?;
-            dynasm!(self.ops ; .arch x64 ; vpor Rx(x), Rx(x), OWORD [Rq(b) + d]);
+        if !tops.is_empty() && tops.len() != regs.len() {
+            return Err(unsupported("top bits for some of the registers only".into()));
         }
-        dynasm!(self.ops ; .arch x64 ; vptest Rx(x), Rx(x) ; jz >zero);
-        for &(reg, off) in regs {
+        // The OR of the saved halves; only if it is non-zero, inserts put
+        // the halves back: 256-bit VEX ones, or (with the top bits) EVEX
+        // ones that keep the rest of `zmm`, the top bits first.
+        let offs: Vec<i32> = regs.iter().map(|r| r.1).collect();
+        self.or_test(&offs, b, x)?;
+        dynasm!(self.ops ; .arch x64 ; jz >zero);
+        for (i, &(reg, off)) in regs.iter().enumerate() {
             let d = Self::disp(off)?;
-            if wider {
+            if let Some(&top) = tops.get(i) {
+                self.vinsertf64x4_hi(reg.enc, b, Self::disp(top)?);
                 self.vinsertf32x4_lane1(reg.enc, b, d);
             } else {
                 dynasm!(self.ops ; .arch x64 ; vinsertf128 Ry(reg.enc), Ry(reg.enc), OWORD [Rq(b) + d], 1);
             }
+        }
+        dynasm!(self.ops ; .arch x64 ; zero:);
+        Ok(())
+    }
+
+    fn store_tops(&mut self, regs: &[(Reg, i32)], uppers: &[i32], base: Reg, scratch: Reg) -> Result<(), CodegenError> {
+        if regs.is_empty() || uppers.is_empty() {
+            return Ok(());
+        }
+        let (b, x) = (base.enc, scratch.enc);
+        if scratch.class != RegClass::Vector || regs.iter().any(|(r, _)| r.class != RegClass::Vector) {
+            return Err(unsupported("top bits of a non-vector register".into()));
+        }
+        // Reads zmm, writes memory: a 512-bit instruction, run only when a
+        // saved upper half is non-zero (the program has wide values live).
+        self.or_test(uppers, b, x)?;
+        dynasm!(self.ops ; .arch x64 ; jz >zero);
+        for &(reg, off) in regs {
+            self.vextractf64x4_hi(reg.enc, b, Self::disp(off)?);
         }
         dynasm!(self.ops ; .arch x64 ; zero:);
         Ok(())
