@@ -142,6 +142,11 @@ fn build_sites(dir: &Path, arch: &str, flags: &[String], callsite_flags: &[Strin
     // The same, stripped at link time (-s): .dynsym only.
     let stripped: Vec<&str> = dl_flags.iter().copied().chain(["-s"]).collect();
     shared("dl.c", "libftramp_sites_dl_stripped.so", "FTRAMP_SITES_DL_STRIPPED_SO", true, &stripped);
+    if arch == "aarch64" {
+        // A function of the SVE vector PCS, which discovery refuses.
+        let sve: Vec<&str> = dl_flags.iter().copied().chain(["-march=armv8-a+sve"]).collect();
+        shared("sve.c", "libftramp_sites_sve.so", "FTRAMP_SITES_SVE_SO", true, &sve);
+    }
     if arch == "x86_64" {
         // -mnop-mcount/-mrecord-mcount need non-PIC code (DESIGN.md §2);
         // __mcount_loc is read-only, so the .so gets text relocations.

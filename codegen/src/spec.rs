@@ -205,6 +205,11 @@ pub struct RawSite {
     /// `site_return = "stack"`; default off.
     #[serde(default)]
     pub stub: bool,
+    /// Bits of a function symbol's `st_other` that make its sites refused
+    /// (aarch64: `STO_AARCH64_VARIANT_PCS`, a calling convention the
+    /// trampolines do not keep).  Default 0: none.
+    #[serde(default)]
+    pub refuse_st_other: u8,
 }
 
 #[derive(Debug, Clone, Deserialize)]

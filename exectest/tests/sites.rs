@@ -449,3 +449,24 @@ fn batch_patch_skips_sites_whose_bytes_differ() {
     assert_eq!(tracee_nested(3), expect_nested(3));
 }
 
+
+/// aarch64: a function of the SVE vector PCS (`STO_AARCH64_VARIANT_PCS`,
+/// spec `site.refuse_st_other`) is refused, with its reason, and left
+/// alone; the plain function beside it is a site.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn sve_vector_pcs_functions_are_refused() {
+    let _g = lock();
+    let path = env!("FTRAMP_SITES_SVE_SO");
+    let lib = Lib::open(path);
+    let d = discover().unwrap();
+    let m = d.modules().iter().find(|m| m.name == path).expect("the library is picked up");
+    let sve = lib.sym("sites_sve_twice");
+    assert!(d.site_at(sve).is_none(), "an SVE-PCS function is not a site");
+    let r = m.refused.iter().find(|r| r.symbol.as_deref() == Some("sites_sve_twice")).expect("refused");
+    assert_eq!(r.reason, RefuseReason::CallingConvention);
+    assert!(r.to_string().contains("calling convention"), "{r}");
+    assert!(d.site_at(lib.sym("sites_sve_plain")).is_some(), "the plain function is a site");
+    assert_eq!(lib.call("sites_sve_plain", 4), 9);
+    lib.close();
+}

@@ -138,6 +138,9 @@ pub enum RefuseReason {
     /// The address is not inside an executable, readable segment of its
     /// module.
     OutsideText,
+    /// The function's symbol has `st_other` bits the spec refuses
+    /// (`site.refuse_st_other`; aarch64: the SVE vector PCS).
+    CallingConvention,
 }
 
 impl fmt::Display for RefuseReason {
@@ -146,6 +149,7 @@ impl fmt::Display for RefuseReason {
             RefuseReason::NotNop => "not a NOP form of this architecture",
             RefuseReason::PreEntryNotNop => "the bytes before the function are not NOPs",
             RefuseReason::OutsideText => "outside the module's executable segments",
+            RefuseReason::CallingConvention => "the function uses a calling convention the trampolines do not keep (symbol st_other)",
         })
     }
 }
@@ -626,6 +630,9 @@ fn classify(
     };
     if !spec.nops.contains(&found) {
         return Err(refuse(addr, symbol, offset, found, RefuseReason::NotNop));
+    }
+    if symbol.is_some_and(|s| s.st_other & spec.raw.site.refuse_st_other != 0) {
+        return Err(refuse(addr, symbol, offset, found, RefuseReason::CallingConvention));
     }
     Ok(Site { addr, record, pre_entry, module, symbol: symbol.map(|s| s.name.clone()), offset_in_symbol: offset, kind })
 }

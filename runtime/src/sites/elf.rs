@@ -35,12 +35,15 @@ pub(crate) struct FuncSym {
     pub size: u64,
     pub name: String,
     global: bool,
+    /// The symbol's `st_other` (visibility and arch flags: aarch64's
+    /// `STO_AARCH64_VARIANT_PCS`).
+    pub st_other: u8,
 }
 
 #[cfg(test)]
 impl FuncSym {
     pub fn new(start: u64, size: u64, name: &str) -> FuncSym {
-        FuncSym { start, size, name: name.into(), global: true }
+        FuncSym { start, size, name: name.into(), global: true, st_other: 0 }
     }
 }
 
@@ -109,12 +112,12 @@ fn functions<'d, R: object::ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>) -> 
 /// Defined function symbols, sorted by start, one per start address:
 /// among aliases prefer one with a size, then a global one, then the
 /// first name in byte order.
-fn function_symbols<'d, S: ObjectSymbol<'d>>(symbols: impl Iterator<Item = S>) -> Vec<FuncSym> {
+fn function_symbols<'d: 'f, 'f, R: object::ReadRef<'d> + 'f>(symbols: impl Iterator<Item = object::read::elf::ElfSymbol64<'d, 'f, Endianness, R>>) -> Vec<FuncSym> {
     let mut out: Vec<FuncSym> = symbols
         .filter(|s| s.kind() == SymbolKind::Text && !s.is_undefined() && s.address() != 0)
         .filter_map(|s| {
             let name = String::from_utf8_lossy(s.name_bytes().ok()?).into_owned();
-            Some(FuncSym { start: s.address(), size: s.size(), name, global: s.is_global() })
+            Some(FuncSym { start: s.address(), size: s.size(), name, global: s.is_global(), st_other: s.elf_symbol().st_other.0 })
         })
         .collect();
     out.sort_by(|a, b| (a.start, a.size == 0, !a.global, &a.name).cmp(&(b.start, b.size == 0, !b.global, &b.name)));
