@@ -79,6 +79,15 @@
 //! code.  The runtime generates this form where the CPU has AVX; objects
 //! do it when asked (`ftramp gen --vector-upper`).
 //!
+//! With AVX-512 the same registers are the low halves of `zmm`, and every
+//! VEX-encoded write clears bits 256-511: the test therefore runs in a
+//! register that carries nothing (spec `trampoline.vector_scratch`), and
+//! with [`GenOptions::vector_wider`] the bits above the `ymm` halves are
+//! stored too, only when an upper half is non-zero ([`Step::StoreTops`],
+//! so that programs without wide values live never run a 512-bit
+//! instruction here), and everything goes back with EVEX inserts that
+//! keep the rest of the register.
+//!
 //! # x87 return values (x86_64)
 //!
 //! A `long double` comes back in the x87 register st(0), a `_Complex long
