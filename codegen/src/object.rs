@@ -19,7 +19,7 @@ use object::write::{Object, Relocation, StandardSection, Symbol, SymbolId, Symbo
 use object::{Architecture, BinaryFormat, Endianness, RelocationFlags, SectionKind, SymbolFlags, SymbolKind, SymbolScope};
 use std::collections::HashMap;
 
-/// Options for [`write`].
+/// Options for [`write()`].
 #[derive(Debug, Clone, Default)]
 pub struct ObjectOptions {
     /// Prepended to every symbol the object defines.
