@@ -107,8 +107,9 @@ enum Cmd {
         rust_targets: bool,
     },
     /// Instructions a traced call executes, per arch and variant: from the
-    /// patch site back into the function with an empty callback (the
-    /// trampolines are straight-line code, so this is exact).
+    /// patch site back into the function with an empty callback, along the
+    /// common path (every conditional branch taken: they skip the rare
+    /// cases, such as an x87 return value to keep).
     Cost,
     /// Print the compiler flags that give a C/C++ file patch sites for ARCH.
     Cflags {
@@ -232,7 +233,7 @@ fn main() -> Result<()> {
                 let mut row = format!("{:<8} {:>6} ", b.name(), site_insns);
                 for &v in &columns {
                     let image = Image::generate(&spec, &[v])?;
-                    let n = listing::decode(&cs, &image.code, 0).len();
+                    let n = listing::common_path_len(&spec, &listing::decode(&cs, &image.code, 0));
                     // + each callback's `ret` for entry variants; the exit
                     // trampoline is reached by the function's own return.
                     let callbacks = match v {

@@ -54,6 +54,37 @@ pub fn decode(cs: &Capstone, bytes: &[u8], addr: u64) -> Vec<(usize, usize, Stri
     out
 }
 
+/// Instructions executed along the common path of `decoded` (a
+/// trampoline decoded at address 0 by [`decode`]): every conditional
+/// branch taken.  The trampolines' conditional branches all skip code for
+/// a rare case (an x87 return value to keep, non-zero vector upper halves,
+/// a hijacked return), so this is what a call with nothing of the sort
+/// executes; without conditional branches, every instruction.  x86_64
+/// only has them (`j<cc> target`).
+pub fn common_path_len(spec: &Spec, decoded: &[(usize, usize, String)]) -> usize {
+    common_path(spec, decoded).len()
+}
+
+/// The indexes into `decoded` of the instructions [`common_path_len`]
+/// counts, in execution order.
+pub fn common_path(spec: &Spec, decoded: &[(usize, usize, String)]) -> Vec<usize> {
+    let index = |off: usize| decoded.iter().position(|d| d.0 == off);
+    let mut path = Vec::new();
+    let mut i = 0;
+    while let Some((_, _, text)) = decoded.get(i) {
+        path.push(i);
+        let mut words = text.split_whitespace();
+        let mnemonic = words.next().unwrap_or("");
+        let conditional = spec.name == "x86_64" && mnemonic.starts_with('j') && mnemonic != "jmp";
+        let target = words.last().and_then(|t| usize::from_str_radix(t.trim_start_matches("0x"), 16).ok());
+        match (conditional, target.and_then(index)) {
+            (true, Some(t)) if t > i => i = t,
+            _ => i += 1,
+        }
+    }
+    path
+}
+
 fn fixup_text(spec: &Spec, f: &Fixup) -> String {
     let backend = lookup(&spec.name);
     let relocs = backend.map(|b| b.elf_relocs(f)).unwrap_or_default();
@@ -96,4 +127,34 @@ pub fn image(spec: &Spec, image: &Image) -> Result<String, CodegenError> {
         let _ = writeln!(s, "{:4x}  {:<32} = {init}", image.word_offset(*w).unwrap_or(0), w.symbol());
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{image::Image, Variant};
+
+    /// The x86_64 `return_to_handler` has branches (the x87 return values):
+    /// its common path skips `fxam`, the pops and the pushes, and takes the
+    /// TOP test and the restore's test; other arches' trampolines are
+    /// straight-line, so their path is every instruction.
+    #[test]
+    fn the_common_path_takes_every_conditional_branch() {
+        for arch in ["x86_64", "aarch64"] {
+            let spec = Spec::builtin(arch).unwrap();
+            let image = Image::generate(&spec, &[Variant::Return]).unwrap();
+            let cs = disassembler(&spec).unwrap();
+            let decoded = decode(&cs, &image.code, 0);
+            let path: Vec<&str> = common_path(&spec, &decoded).into_iter().map(|i| decoded[i].2.as_str()).collect();
+            if arch == "aarch64" {
+                assert_eq!(path.len(), decoded.len());
+                continue;
+            }
+            assert!(path.len() < decoded.len());
+            assert!(path.iter().all(|t| !t.starts_with("fxam") && !t.starts_with("fstp") && !t.starts_with("fld")), "{path:?}");
+            assert_eq!(path.iter().filter(|t| t.starts_with("fnstsw")).count(), 1, "{path:?}");
+            assert_eq!(path.iter().filter(|t| t.starts_with("je ")).count(), 2, "the save's TOP test and the restore's: {path:?}");
+            assert!(path.last().unwrap().starts_with("jmp"), "{path:?}");
+        }
+    }
 }
