@@ -39,6 +39,14 @@ const EXPECT_CLOBBER: &str = "FTRAMP_TEST_EXPECT_CLOBBER";
 static ENTRIES: AtomicU64 = AtomicU64::new(0);
 static RETURNS: AtomicU64 = AtomicU64::new(0);
 
+/// The in-process tests share the counters (and register ops and fgraph
+/// users): one at a time.
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What AVX code in a callback can leave in the upper halves: cleared by
 /// `vzeroupper`, then all ones in ymm0-7 and back to clear — the last
 /// state a `vzeroupper`-ending function leaves (zero), after upper halves
@@ -86,6 +94,7 @@ fn has_avx() -> bool {
 
 #[test]
 fn m256_arguments_and_returns_survive_avx_code_in_callbacks() {
+    let _l = lock();
     if !has_avx() {
         // Nothing to keep, and the tracee cannot run.
         assert!(!ftramp_runtime::gen_options().vector_upper, "vector_upper needs AVX");
@@ -175,6 +184,7 @@ fn call_sites_keep_the_upper_halves_too() {
 /// wrong.
 #[test]
 fn m512_arguments_and_returns_survive_avx_code_in_callbacks() {
+    let _l = lock();
     if !std::arch::is_x86_feature_detected!("avx512f") {
         eprintln!("skipped: this CPU has no AVX-512F");
         return;
