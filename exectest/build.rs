@@ -63,32 +63,21 @@ fn main() {
         println!("cargo:rustc-env=FTRAMP_UNWIND_DL_SO={}", so.display());
     }
     if arch == "x86_64" {
-        // __m256 arguments and returns (tests/vector_upper.rs).
-        println!("cargo:rerun-if-changed={}", c.join("tracee_avx.c").display());
-        let mut b = cc::Build::new();
-        base(&mut b);
-        b.flag("-mavx");
-        for f in flags("flags") {
-            b.flag(&f);
-        }
-        b.file(c.join("tracee_avx.c")).compile("ftramp_tracee_avx");
-        // __m512 arguments and returns (tests/vector_upper.rs, AVX-512F CPUs).
-        println!("cargo:rerun-if-changed={}", c.join("tracee_avx512.c").display());
-        let mut b = cc::Build::new();
-        base(&mut b);
-        b.flag("-mavx512f");
-        for f in flags("flags") {
-            b.flag(&f);
-        }
-        b.file(c.join("tracee_avx512.c")).compile("ftramp_tracee_avx512");
+        // One static library per tracee, with the site flags and `extra`.
+        let tracee = |file: &str, lib: &str, extra: &[&str]| {
+            println!("cargo:rerun-if-changed={}", c.join(file).display());
+            let mut b = cc::Build::new();
+            base(&mut b);
+            for f in extra.iter().map(|f| f.to_string()).chain(flags("flags")) {
+                b.flag(&f);
+            }
+            b.file(c.join(file)).compile(lib);
+        };
+        // __m256 and __m512 arguments and returns (tests/vector_upper.rs),
         // long double returns in st(0)/st(1) (tests/x87_return.rs).
-        println!("cargo:rerun-if-changed={}", c.join("tracee_x87.c").display());
-        let mut b = cc::Build::new();
-        base(&mut b);
-        for f in flags("flags") {
-            b.flag(&f);
-        }
-        b.file(c.join("tracee_x87.c")).compile("ftramp_tracee_x87");
+        tracee("tracee_avx.c", "ftramp_tracee_avx", &["-mavx"]);
+        tracee("tracee_avx512.c", "ftramp_tracee_avx512", &["-mavx512f"]);
+        tracee("tracee_x87.c", "ftramp_tracee_x87", &[]);
     }
     let mut b = cc::Build::new();
     b.opt_level(2).include(&c).file(c.join("harness.c")).compile("ftramp_harness");

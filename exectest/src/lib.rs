@@ -101,3 +101,17 @@ pub fn prof_timer(handler: Option<extern "C" fn(i32)>, us: i64) {
         set_signal_handler(libc::SIGPROF, None);
     }
 }
+
+/// Runs `tests` (exact names) of the current test binary in a child
+/// process with `env` set, one thread, and asserts that they all ran and
+/// passed (for tests that read a once-per-process setting such as
+/// `FTRAMP_SITE_ENTRY` or `FTRAMP_VECTOR_UPPER`).
+pub fn run_tests_in_child(tests: &[&str], env: &[(&str, &str)]) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.arg("--exact").args(tests).args(["--nocapture", "--test-threads=1"]);
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child ({env:?}) failed:\n{text}");
+    assert!(text.contains(&format!("{} passed", tests.len())), "the child ran {tests:?}:\n{text}");
+}

@@ -396,13 +396,7 @@ fn ftramp_site_entry_call_makes_call_sites() {
     const NAME: &str = "ftramp_site_entry_call_makes_call_sites";
     let forced = std::env::var_os("FTRAMP_SITE_ENTRY").is_some_and(|v| v == "call");
     if !forced {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--test-threads", "1"])
-            .env("FTRAMP_SITE_ENTRY", "call")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && text.contains("1 passed"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        run_tests_in_child(&[NAME], &[("FTRAMP_SITE_ENTRY", "call")]);
         return;
     }
     let _l = lock();

@@ -92,6 +92,38 @@ fn has_avx() -> bool {
     std::arch::is_x86_feature_detected!("avx")
 }
 
+/// Traces `funcs` with ops of both register tiers (an args-tier ops with
+/// the fgraph user, then a `regs`-tier ops alone) whose callbacks clear
+/// the upper halves, runs `check` (the wrong lanes it counts) under each
+/// and checks that each of its `calls` traced calls was seen, and the
+/// lanes: wrong where the child runs without the upper halves
+/// (`EXPECT_CLOBBER`), all right otherwise (`lost` says what would be).
+fn check_both_tiers(funcs: &[&str], calls: u64, check: impl Fn() -> i32, lost: &str) {
+    let expect_clobber = std::env::var_os(EXPECT_CLOBBER).is_some();
+    let f = || funcs.iter().fold(Filter::new(), |f, s| f.symbol(s));
+    for (flags, graph) in [(OpsFlags::empty(), true), (OpsFlags::SAVE_REGS, false)] {
+        let (e0, r0) = (ENTRIES.load(SeqCst), RETURNS.load(SeqCst));
+        let ops = Arc::new(Ops::new(ops_entry).flags(flags).filter(f()));
+        ftrace().register(ops.clone()).unwrap();
+        let user = Arc::new(Fgraph::new(graph_entry, graph_ret).filter(f()).skip_timestamp(true));
+        if graph {
+            fgraph::register_fgraph(user.clone()).unwrap();
+        }
+        let bad = check();
+        let (entries, returns) = (ENTRIES.load(SeqCst) - e0, RETURNS.load(SeqCst) - r0);
+        if graph {
+            fgraph::unregister_fgraph(&user).unwrap();
+        }
+        ftrace().unregister(&ops).unwrap();
+        assert_eq!((entries, returns), (calls, if graph { calls } else { 0 }), "{flags:?}: every call traced");
+        if expect_clobber {
+            assert!(bad > 0, "{flags:?}: without the upper halves the callbacks' vzeroupper must show in the lanes");
+        } else {
+            assert_eq!(bad, 0, "{flags:?}: wrong lanes: {lost}");
+        }
+    }
+}
+
 #[test]
 fn m256_arguments_and_returns_survive_avx_code_in_callbacks() {
     let _l = lock();
@@ -106,54 +138,18 @@ fn m256_arguments_and_returns_survive_avx_code_in_callbacks() {
     // SAFETY (test): the checker only calls the two AVX tracees; the CPU has AVX.
     assert_eq!(unsafe { avx_check(3) }, 0, "untraced");
 
-    let f = || Filter::new().symbol("avx_scale").symbol("avx_fold8");
-    // Both register tiers: an args-tier ops with the fgraph user, then a
-    // `regs`-tier ops alone.
-    for (flags, graph) in [(OpsFlags::empty(), true), (OpsFlags::SAVE_REGS, false)] {
-        let (e0, r0) = (ENTRIES.load(SeqCst), RETURNS.load(SeqCst));
-        let ops = Arc::new(Ops::new(ops_entry).flags(flags).filter(f()));
-        ftrace().register(ops.clone()).unwrap();
-        let user = Arc::new(Fgraph::new(graph_entry, graph_ret).filter(f()).skip_timestamp(true));
-        if graph {
-            fgraph::register_fgraph(user.clone()).unwrap();
-        }
-        // SAFETY: as above.
-        let bad = unsafe { avx_check(3) };
-        let (entries, returns) = (ENTRIES.load(SeqCst) - e0, RETURNS.load(SeqCst) - r0);
-        if graph {
-            fgraph::unregister_fgraph(&user).unwrap();
-        }
-        ftrace().unregister(&ops).unwrap();
-
-        let want_returns = if graph { 6 } else { 0 };
-        assert_eq!((entries, returns), (6, want_returns), "{flags:?}: every call of both tracees traced");
-        if expect_clobber {
-            assert!(bad > 0, "{flags:?}: without the upper halves the callbacks' vzeroupper must show in the lanes");
-        } else {
-            assert_eq!(bad, 0, "{flags:?}: wrong lanes: an upper half was lost at entry or return");
-        }
-    }
+    // SAFETY: as above.
+    check_both_tiers(&["avx_scale", "avx_fold8"], 6, || unsafe { avx_check(3) }, "an upper half was lost at entry or return");
     // SAFETY: as above.
     assert_eq!(unsafe { avx_check(2) }, 0, "untraced again");
 }
 
 /// Runs the `__m256` and `__m512` tests in a child process with `env` set.
 fn run_child(env: &[(&str, &str)]) {
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "m256_arguments_and_returns_survive_avx_code_in_callbacks",
-        "m512_arguments_and_returns_survive_avx_code_in_callbacks",
-        "--nocapture",
-        "--test-threads=1",
-    ]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the child ({env:?}) failed:\n{text}");
-    assert!(text.contains("2 passed"), "the child ran both tests:\n{text}");
+    ftramp_exectest::run_tests_in_child(
+        &["m256_arguments_and_returns_survive_avx_code_in_callbacks", "m512_arguments_and_returns_survive_avx_code_in_callbacks"],
+        env,
+    );
 }
 
 #[test]
@@ -193,27 +189,6 @@ fn m512_arguments_and_returns_survive_avx_code_in_callbacks() {
     assert_eq!(ftramp_runtime::gen_options().vector_wider, !expect_clobber);
     // SAFETY (test): the checker only calls its AVX-512 tracee; the CPU has AVX-512F.
     assert_eq!(unsafe { avx512_check(3) }, 0, "untraced");
-    let f = || Filter::new().symbol("avx512_scale");
-    for (flags, graph) in [(OpsFlags::empty(), true), (OpsFlags::SAVE_REGS, false)] {
-        let (e0, r0) = (ENTRIES.load(SeqCst), RETURNS.load(SeqCst));
-        let ops = Arc::new(Ops::new(ops_entry).flags(flags).filter(f()));
-        ftrace().register(ops.clone()).unwrap();
-        let user = Arc::new(Fgraph::new(graph_entry, graph_ret).filter(f()).skip_timestamp(true));
-        if graph {
-            fgraph::register_fgraph(user.clone()).unwrap();
-        }
-        // SAFETY: as above.
-        let bad = unsafe { avx512_check(3) };
-        let (entries, returns) = (ENTRIES.load(SeqCst) - e0, RETURNS.load(SeqCst) - r0);
-        if graph {
-            fgraph::unregister_fgraph(&user).unwrap();
-        }
-        ftrace().unregister(&ops).unwrap();
-        assert_eq!((entries, returns), (3, if graph { 3 } else { 0 }), "{flags:?}: every call traced");
-        if expect_clobber {
-            assert!(bad > 0, "{flags:?}: without the upper halves the callbacks' vzeroupper must show in the lanes");
-        } else {
-            assert_eq!(bad, 0, "{flags:?}: wrong lanes: bits 128-511 of a zmm argument or return value were lost");
-        }
-    }
+    // SAFETY: as above.
+    check_both_tiers(&["avx512_scale"], 3, || unsafe { avx512_check(3) }, "bits 128-511 of a zmm argument or return value were lost");
 }

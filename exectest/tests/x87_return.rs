@@ -78,12 +78,5 @@ fn call_sites_keep_the_x87_return_values_too() {
     if std::env::var_os("FTRAMP_SITE_ENTRY").is_some() {
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "long_double_returns_survive_x87_code_in_return_callbacks", "--nocapture", "--test-threads=1"])
-        .env("FTRAMP_SITE_ENTRY", "call")
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the child failed:\n{text}");
-    assert!(text.contains("1 passed"), "the child ran the test:\n{text}");
+    ftramp_exectest::run_tests_in_child(&["long_double_returns_survive_x87_code_in_return_callbacks"], &[("FTRAMP_SITE_ENTRY", "call")]);
 }

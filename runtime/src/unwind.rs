@@ -984,13 +984,11 @@ extern "C-unwind" fn hook_pthread_exit(retval: *mut c_void, caller_sp: usize) {
     fatal(b"ftramp unwind: pthread_exit returned\n")
 }
 
-/// A stub `$name` for a context-switch hook: `$hook` gets the caller's sp
-/// in argument register `$x86` / `$a64` and the address of the return
-/// address in the next one (`$x86b` / `$a64b`).  x86_64: the stack slot,
-/// and the stub jumps.  aarch64: the stub saves x30 in a frame record of
-/// its own, passes that word, and returns with what the hook left there.
-macro_rules! ctx_stub {
-    ($name:literal, $hook:path, $x86:literal, $x86b:literal, $a64:literal, $a64b:literal) => {
+/// A hook's entry stub: a hidden global function `$name` in its own
+/// section whose body is the `x86_64` or the `aarch64` lines, with
+/// `{hook}` naming `$hook`.
+macro_rules! hook_stub {
+    ($name:literal, $hook:path, x86_64: [$($x86:expr),* $(,)?], aarch64: [$($a64:expr),* $(,)?]) => {
         #[cfg(target_arch = "x86_64")]
         std::arch::global_asm!(
             concat!(".pushsection .text.", $name, ",\"ax\",@progbits"),
@@ -998,9 +996,7 @@ macro_rules! ctx_stub {
             concat!(".hidden ", $name),
             concat!(".type ", $name, ",@function"),
             concat!($name, ":"),
-            concat!("lea ", $x86, ", [rsp + 8]"),
-            concat!("mov ", $x86b, ", rsp"),
-            "jmp {hook}",
+            $($x86,)*
             concat!(".size ", $name, ", . - ", $name),
             ".popsection",
             hook = sym $hook,
@@ -1012,13 +1008,7 @@ macro_rules! ctx_stub {
             concat!(".hidden ", $name),
             concat!(".type ", $name, ",%function"),
             concat!($name, ":"),
-            concat!("mov ", $a64, ", sp"),
-            "stp x29, x30, [sp, #-16]!",
-            "mov x29, sp",
-            concat!("add ", $a64b, ", sp, #8"),
-            "bl {hook}",
-            "ldp x29, x30, [sp], #16",
-            "ret",
+            $($a64,)*
             concat!(".size ", $name, ", . - ", $name),
             ".popsection",
             hook = sym $hook,
@@ -1030,32 +1020,36 @@ macro_rules! ctx_stub {
 /// register `$x86` / `$a64` (the one after the real function's arguments).
 macro_rules! stub {
     ($name:literal, $hook:path, $x86:literal, $a64:literal) => {
-        #[cfg(target_arch = "x86_64")]
-        std::arch::global_asm!(
-            concat!(".pushsection .text.", $name, ",\"ax\",@progbits"),
-            concat!(".globl ", $name),
-            concat!(".hidden ", $name),
-            concat!(".type ", $name, ",@function"),
-            concat!($name, ":"),
+        hook_stub!(
+            $name,
+            $hook,
             // Above the return address: the caller's sp.
-            concat!("lea ", $x86, ", [rsp + 8]"),
-            "jmp {hook}",
-            concat!(".size ", $name, ", . - ", $name),
-            ".popsection",
-            hook = sym $hook,
+            x86_64: [concat!("lea ", $x86, ", [rsp + 8]"), "jmp {hook}"],
+            aarch64: [concat!("mov ", $a64, ", sp"), "b {hook}"]
         );
-        #[cfg(target_arch = "aarch64")]
-        std::arch::global_asm!(
-            concat!(".pushsection .text.", $name, ",\"ax\",%progbits"),
-            concat!(".globl ", $name),
-            concat!(".hidden ", $name),
-            concat!(".type ", $name, ",%function"),
-            concat!($name, ":"),
-            concat!("mov ", $a64, ", sp"),
-            "b {hook}",
-            concat!(".size ", $name, ", . - ", $name),
-            ".popsection",
-            hook = sym $hook,
+    };
+}
+
+/// A stub `$name` for a context-switch hook: `$hook` gets the caller's sp
+/// in argument register `$x86` / `$a64` and the address of the return
+/// address in the next one (`$x86b` / `$a64b`).  x86_64: the stack slot,
+/// and the stub jumps.  aarch64: the stub saves x30 in a frame record of
+/// its own, passes that word, and returns with what the hook left there.
+macro_rules! ctx_stub {
+    ($name:literal, $hook:path, $x86:literal, $x86b:literal, $a64:literal, $a64b:literal) => {
+        hook_stub!(
+            $name,
+            $hook,
+            x86_64: [concat!("lea ", $x86, ", [rsp + 8]"), concat!("mov ", $x86b, ", rsp"), "jmp {hook}"],
+            aarch64: [
+                concat!("mov ", $a64, ", sp"),
+                "stp x29, x30, [sp, #-16]!",
+                "mov x29, sp",
+                concat!("add ", $a64b, ", sp, #8"),
+                "bl {hook}",
+                "ldp x29, x30, [sp], #16",
+                "ret",
+            ]
         );
     };
 }
