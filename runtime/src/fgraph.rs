@@ -912,6 +912,11 @@ impl crate::unwind::Frames for ShadowFrames<'_> {
             STALE.fetch_add(1, Relaxed);
         }
     }
+    fn drop_all(&self) {
+        while self.0.top_frame().is_some() {
+            self.drop_innermost();
+        }
+    }
     fn set_restored(&self, on: bool) {
         let s = self.0.state.get();
         self.0.state.set(if on { s | SLOW_RESTORED } else { s & !SLOW_RESTORED });

@@ -161,6 +161,8 @@ pub(crate) trait Frames {
     fn each(&self, f: &mut dyn FnMut(usize, usize, usize) -> bool);
     /// Drops the innermost frame (counted as stale).
     fn drop_innermost(&self);
+    /// Drops every frame (counted as stale).
+    fn drop_all(&self);
     /// The thread's *restored* mark.
     fn set_restored(&self, on: bool);
 }
@@ -800,14 +802,7 @@ fn leave_stack(caller_sp: usize, ret_slot: usize, fp: usize) {
                     None => fatal(b"ftramp unwind: a context switch returns to return_to_handler without a frame\n"),
                 }
             }
-            let mut n = 0;
-            fr.each(&mut |_, _, _| {
-                n += 1;
-                true
-            });
-            for _ in 0..n {
-                fr.drop_innermost();
-            }
+            fr.drop_all();
             if let Ok(mut table) = t.restored.try_borrow_mut() {
                 table.clear();
             }
