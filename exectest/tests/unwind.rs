@@ -96,6 +96,10 @@ unsafe extern "C" {
     safe fn unw_pexit_finish(v: i64);
     safe fn unw_pexit_mid(v: i64);
     safe fn unw_pexit_worker(arg: *mut libc::c_void) -> *mut libc::c_void;
+    safe fn unw_cancel_run(n: i64) -> i64;
+    safe fn unw_cancel_wait(v: i64);
+    safe fn unw_cancel_mid(v: i64);
+    safe fn unw_cancel_worker(arg: *mut libc::c_void) -> *mut libc::c_void;
 }
 
 fn slot_of(func: usize) -> Option<usize> {
@@ -373,6 +377,62 @@ fn backtraces_pass_hijacked_returns() {
     }
 }
 
+/// The pcs an unhooked `_Unwind_Backtrace` (from `dlsym`, so no GOT hook
+/// restores first) sees, at most [`RAW_CAP`].
+static RAW_PCS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+const RAW_CAP: usize = 1000;
+
+extern "C" {
+    fn _Unwind_GetIP(ctx: *mut libc::c_void) -> usize;
+}
+
+extern "C" fn raw_frame(ctx: *mut libc::c_void, _arg: *mut libc::c_void) -> libc::c_int {
+    let mut pcs = RAW_PCS.lock().unwrap();
+    // SAFETY: the unwinder's context for the frame it hands us.
+    pcs.push(unsafe { _Unwind_GetIP(ctx) });
+    // _URC_NO_REASON, or _URC_END_OF_STACK to stop a walk that loops.
+    if pcs.len() < RAW_CAP { 0 } else { 5 }
+}
+
+extern "C-unwind" fn raw_capture(n: i64) -> i64 {
+    type Trace = extern "C" fn(*mut libc::c_void, *mut libc::c_void) -> libc::c_int;
+    // SAFETY: dlsym of a NUL-terminated name; the result, when not null, is
+    // libgcc's `_Unwind_Backtrace(trace, arg)`.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_Unwind_Backtrace".as_ptr()) };
+    assert!(!f.is_null());
+    let f: extern "C" fn(Trace, *mut libc::c_void) -> libc::c_int = unsafe { std::mem::transmute(f) };
+    RAW_PCS.lock().unwrap().clear();
+    f(raw_frame, std::ptr::null_mut());
+    n
+}
+
+extern "C-unwind" fn via_raw(n: i64) -> i64 {
+    unwc_call(raw_capture, n)
+}
+
+/// An unwinder walk that no hook sees and that calls no personality: it
+/// meets `return_to_handler` and ends there (its FDE's return address is 0
+/// while the slot still holds `return_to_handler`), rather than looping on
+/// it; the traced calls go on as usual.
+#[test]
+fn unhooked_backtraces_end_at_a_hijacked_return() {
+    let _l = lock();
+    let rth = fgraph::return_to_handler().unwrap();
+    let u = counting_user(&[unwc_call as *const () as usize]);
+    let r = unwc_outer(via_raw, 4);
+    let depth = fgraph::depth();
+    let got = counts(0);
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!((r, depth), ((4 * 2 + 1) + 1 + 5, 0));
+    assert_eq!(got, (1, 1), "unwc_call (entries, returns)");
+    let pcs = RAW_PCS.lock().unwrap().clone();
+    assert!(pcs.len() < RAW_CAP, "the walk looped: {} frames", pcs.len());
+    // (libgcc hands the end of the stack to the callback too, as pc 0.)
+    let end = pcs.iter().rposition(|p| *p != 0).map_or(&[][..], |i| &pcs[i..]);
+    assert!(end == [rth] || end == [rth, 0], "the walk ends at unwc_call's hijacked return: {pcs:x?}");
+    assert_eq!(pcs.iter().filter(|p| **p == rth).count(), 1, "{pcs:x?}");
+}
+
 #[test]
 fn libraries_loaded_later_get_the_hooks() {
     let _l = lock();
@@ -622,4 +682,28 @@ fn pthread_exit_runs_the_destructors_above_traced_frames() {
     for (i, name) in ["unw_pexit_finish", "unw_pexit_mid", "unw_pexit_worker"].iter().enumerate() {
         assert_eq!(got[i], (4, 0), "{name} (entries, returns)");
     }
+}
+
+/// `pthread_cancel` of threads waiting two traced frames down, in a traced
+/// function without cleanups: the forced unwind starts inside libc, so no
+/// hook restores first; `return_to_handler`'s FDE and personality let the
+/// unwinder through (without them, no destructor ran).
+#[test]
+fn pthread_cancel_runs_the_destructors_above_traced_frames() {
+    let _l = lock();
+    let untraced = unw_cancel_run(4);
+    assert_eq!(untraced, 4 * 1000 + 4 * 2);
+    let f = |p: *const ()| p as usize;
+    let funcs = [f(unw_cancel_wait as *const ()), f(unw_cancel_mid as *const ()), f(unw_cancel_worker as *const ())];
+    let u = counting_user(&funcs);
+    let restores = unwind::restores();
+    let traced = unw_cancel_run(4);
+    let got: Vec<(u64, u64)> = (0..funcs.len()).map(counts).collect();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(traced, untraced, "cancellations and destructors as untraced");
+    for (i, name) in ["unw_cancel_wait", "unw_cancel_mid", "unw_cancel_worker"].iter().enumerate() {
+        assert_eq!(got[i], (4, 0), "{name} (entries, returns)");
+    }
+    // Each thread's unwinder met a hijacked return and restored there.
+    assert!(unwind::restores() >= restores + 4, "restores by the personality");
 }

@@ -412,7 +412,9 @@ fn return_image() -> Result<&'static JitImage, RuntimeError> {
         };
         let r = make().map_err(|e| e.to_string());
         if let Ok(j) = &r {
-            RETURN_TO_HANDLER.store(j.entry(Variant::Return).expect("made"), Release);
+            let rth = j.entry(Variant::Return).expect("made");
+            crate::unwind::register_return_fde(rth);
+            RETURN_TO_HANDLER.store(rth, Release);
         }
         r
     });

@@ -99,8 +99,24 @@
 //! it is) — and drop them all: a frame active at a context switch gets no
 //! `ret` callback, and the next stack starts with an empty shadow stack.
 //!
-//! Not covered: `pthread_cancel` (the cancelled thread starts its forced
-//! unwind inside libc), modules linked statically with the unwinder,
+//! # An FDE for `return_to_handler`
+//!
+//! An unwind that starts where no hook sees it (`pthread_cancel`: the
+//! cancelled thread starts its forced unwind inside libc; an unwinder
+//! reached through `dlsym`) still meets hijacked returns.  For those,
+//! [`register_return_fde`] registers with the unwinder (`__register_frame`)
+//! an FDE covering the return address `return_to_handler` (and the byte
+//! before it, which the unwinder looks up for a return address): a frame
+//! of size 0 whose personality routine restores like a hook does, before
+//! the unwinder reads the next return address.  That return address is the
+//! value of the return-address register as the frame below saved it (x86_64:
+//! its slot on the stack; aarch64: where the function saved `x30`), read
+//! again after the restore, so it is the real one; while it is still
+//! `return_to_handler` (a walk that calls no personality, such as an
+//! unhooked `_Unwind_Backtrace`) the rule yields 0, the end of the stack, so
+//! no walk loops.
+//!
+//! Not covered: modules linked statically with the unwinder,
 //! `dlopen`ed modules that throw before the module watcher hooked them,
 //! and stack switches that do not go through the two functions above
 //! (hand-written assembly).
@@ -729,6 +745,80 @@ fn read_canary_if_above(at: usize, sp: usize) -> Option<u64> {
 }
 
 // ---------------------------------------------------------------------------
+// The FDE of return_to_handler.
+
+/// `_URC_CONTINUE_UNWIND` (Itanium C++ ABI, level I).
+const URC_CONTINUE_UNWIND: libc::c_int = 8;
+
+/// The `.eh_frame` (one CIE, one FDE, the zero terminator) describing the
+/// return address `rth` as a frame of size 0 with personality
+/// `personality` (see the module docs): CFA = sp; return address = the
+/// return-address register as the frame below saved it, or 0 while that
+/// is still `rth`.
+fn return_eh_frame(rth: usize, personality: usize) -> Vec<u8> {
+    use gimli::write::{Address, CallFrameInstruction, CommonInformationEntry, EhFrame, EndianVec, Expression, FrameDescriptionEntry, FrameTable};
+    let (sp, ra) = if cfg!(target_arch = "aarch64") { (gimli::AArch64::SP, gimli::AArch64::X30) } else { (gimli::X86_64::RSP, gimli::X86_64::RA) };
+    let encoding = gimli::Encoding { address_size: 8, format: gimli::Format::Dwarf32, version: 1 };
+    let mut cie = CommonInformationEntry::new(encoding, 1, -8, ra);
+    cie.personality = Some((gimli::DW_EH_PE_absptr, Address::Constant(personality as u64)));
+    cie.add_instruction(CallFrameInstruction::Cfa(sp, 0));
+    // ra = reg(ra); if ra == rth { 0 } else { ra }
+    let mut e = Expression::new();
+    e.op_breg(ra, 0);
+    e.op(gimli::DW_OP_dup);
+    e.op_constu(rth as u64);
+    e.op(gimli::DW_OP_ne);
+    let keep = e.op_bra();
+    e.op(gimli::DW_OP_drop);
+    e.op(gimli::DW_OP_lit0);
+    e.set_target(keep, e.next_index());
+    cie.add_instruction(CallFrameInstruction::ValExpression(ra, e));
+    let mut table = FrameTable::default();
+    let id = table.add_cie(cie);
+    // A return address is looked up one byte before it; a signal frame's
+    // pc (interrupted right at `rth`) at it.
+    table.add_fde(id, FrameDescriptionEntry::new(Address::Constant(rth as u64 - 1), 2));
+    let mut out = EhFrame(EndianVec::new(gimli::LittleEndian));
+    table.write_eh_frame(&mut out).expect("a fixed, valid frame table");
+    let mut v = out.0.into_vec();
+    v.extend_from_slice(&[0; 4]);
+    v
+}
+
+/// The personality routine of `return_to_handler`'s FDE: the unwinder met
+/// a hijacked return that no hook restored (it calls this before reading
+/// the frame's return address): restore as a hook does, from here.
+extern "C" fn return_personality(_version: libc::c_int, _actions: libc::c_int, _class: u64, _exc: Exc, _ctx: *mut c_void) -> libc::c_int {
+    let canary = Cell::new(0u64);
+    let sp = &canary as *const Cell<u64> as usize;
+    before(&canary, sp, frame_pointer());
+    std::hint::black_box(&canary);
+    URC_CONTINUE_UNWIND
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+extern "C" {
+    /// libgcc's (`libgcc_s`, which the Rust standard library links):
+    /// registers a `.eh_frame` that must stay valid for the process.
+    fn __register_frame(begin: *const u8);
+}
+
+/// Registers the FDE of `return_to_handler` at `rth` with the unwinder
+/// (once per process; fgraph calls it when it makes the trampoline).
+pub(crate) fn register_return_fde(rth: usize) {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let eh = return_eh_frame(rth, return_personality as *const () as usize).leak();
+        // SAFETY: a complete `.eh_frame` (CIE, FDE, terminator) leaked, so
+        // valid for the rest of the process as libgcc requires; its
+        // personality is a function of the signature the ABI calls.
+        unsafe { __register_frame(eh.as_ptr()) };
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = rth;
+}
+
+// ---------------------------------------------------------------------------
 // The hooks.
 
 /// Restore for a hook called from `caller_sp` whose frame holds `canary`.
@@ -1093,4 +1183,64 @@ fn hook_addrs() -> Vec<usize> {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn hook_addrs() -> Vec<usize> {
     Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use gimli::{BaseAddresses, CfaRule, EhFrame, Evaluation, EvaluationResult, LittleEndian, Location, Pointer, RegisterRule, UnwindContext, UnwindSection, Value};
+
+    /// The return address the FDE's rule computes when the return-address
+    /// register holds `reg`.
+    fn eval_ra(eh: &EhFrame<gimli::EndianSlice<'_, LittleEndian>>, rule: RegisterRule<usize>, ra: gimli::Register, reg: u64) -> u64 {
+        let RegisterRule::ValExpression(e) = rule else { panic!("not a val_expression: {rule:?}") };
+        let e = e.get(eh).unwrap();
+        let encoding = gimli::Encoding { address_size: 8, format: gimli::Format::Dwarf32, version: 4 };
+        let mut ev = Evaluation::new(e.0, encoding);
+        ev.set_initial_value(0x1000);
+        let mut r = ev.evaluate().unwrap();
+        loop {
+            match r {
+                EvaluationResult::Complete => break,
+                EvaluationResult::RequiresRegister { register, .. } => {
+                    assert_eq!(register, ra, "reads the return-address register");
+                    r = ev.resume_with_register(Value::Generic(reg)).unwrap();
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        match ev.result().as_slice() {
+            [p] => match p.location {
+                Location::Address { address } => address,
+                ref l => panic!("{l:?}"),
+            },
+            ps => panic!("{ps:?}"),
+        }
+    }
+
+    /// Read back with gimli's reader: the FDE covers `rth - 1` and `rth`
+    /// only, names the personality, keeps the CFA at sp and yields the
+    /// saved return address, or 0 while that is `rth`.
+    #[test]
+    fn the_return_fde_is_a_frame_of_size_zero() {
+        let (rth, pers) = (0x7f12_3456_7005usize, 0x5555_0000_1230usize);
+        let bytes = super::return_eh_frame(rth, pers);
+        assert_eq!(bytes[bytes.len() - 4..], [0; 4], "terminated");
+        let mut eh = EhFrame::new(&bytes, LittleEndian);
+        eh.set_address_size(8);
+        let bases = BaseAddresses::default();
+        let (sp, ra) = if cfg!(target_arch = "aarch64") { (gimli::AArch64::SP, gimli::AArch64::X30) } else { (gimli::X86_64::RSP, gimli::X86_64::RA) };
+        let fde = eh.fde_for_address(&bases, rth as u64, EhFrame::cie_from_offset).unwrap();
+        assert_eq!(fde.personality(), Some(Pointer::Direct(pers as u64)));
+        assert_eq!(fde.cie().return_address_register(), ra);
+        let mut ctx = UnwindContext::new();
+        for pc in [rth - 1, rth] {
+            let row = eh.unwind_info_for_address(&bases, &mut ctx, pc as u64, EhFrame::cie_from_offset).unwrap();
+            assert_eq!(*row.cfa(), CfaRule::RegisterAndOffset { register: sp, offset: 0 }, "pc {pc:#x}");
+            assert_eq!(eval_ra(&eh, row.register(ra), ra, 0x4000_1234), 0x4000_1234);
+            assert_eq!(eval_ra(&eh, row.register(ra), ra, rth as u64), 0, "not restored: the end");
+        }
+        for pc in [rth - 2, rth + 1] {
+            assert!(eh.unwind_info_for_address(&bases, &mut ctx, pc as u64, EhFrame::cie_from_offset).is_err(), "pc {pc:#x}");
+        }
+    }
 }

@@ -259,3 +259,65 @@ extern "C" long unw_pexit_run(long n)
 	}
 	return sum * 1000 + pexit_dtors;
 }
+
+/* --- pthread_cancel inside traced frames: the cancelled thread starts its
+ * forced unwind inside libc (pthread_testcancel, or the cancellation signal
+ * in a blocking call), so no hook runs before the unwinder meets the
+ * innermost traced function's hijacked return; that function has no
+ * cleanups.  The destructors above it must still run. */
+#include <unistd.h>
+
+static long cancel_dtors;
+static long cancel_inside;
+
+struct CancelGuard {
+	~CancelGuard() { __atomic_add_fetch(&cancel_dtors, 1, __ATOMIC_SEQ_CST); }
+};
+
+TRACEE void unw_cancel_wait(long v)
+{
+	__atomic_add_fetch(&cancel_inside, 1, __ATOMIC_SEQ_CST);
+	for (long i = 0;; i++) {
+		if (i & 1)
+			pthread_testcancel();
+		else
+			usleep(200 + v);
+	}
+}
+
+TRACEE void unw_cancel_mid(long v)
+{
+	CancelGuard g;
+	unw_cancel_wait(v);
+}
+
+TRACEE void *unw_cancel_worker(void *arg)
+{
+	CancelGuard g;
+	unw_cancel_mid((long)arg);
+	return nullptr;
+}
+
+/* Runs `n` threads, cancels each once all are inside unw_cancel_wait: the
+ * threads that ended cancelled times 1000 plus the destructors run (2 per
+ * thread when the unwinder gets through every frame). */
+extern "C" long unw_cancel_run(long n)
+{
+	cancel_dtors = 0;
+	cancel_inside = 0;
+	pthread_t t[16];
+	if (n > 16)
+		n = 16;
+	for (long i = 0; i < n; i++)
+		pthread_create(&t[i], nullptr, unw_cancel_worker, (void *)(i + 1));
+	while (__atomic_load_n(&cancel_inside, __ATOMIC_SEQ_CST) < n)
+		usleep(100);
+	long cancelled = 0;
+	for (long i = 0; i < n; i++) {
+		pthread_cancel(t[i]);
+		void *r;
+		pthread_join(t[i], &r);
+		cancelled += r == PTHREAD_CANCELED;
+	}
+	return cancelled * 1000 + __atomic_load_n(&cancel_dtors, __ATOMIC_SEQ_CST);
+}
