@@ -18,7 +18,7 @@ const DEMO_H: &str = include_str!("../../examples/demo/demo.h");
 #[derive(clap::Args)]
 pub struct DemoArgs {
     /// Trace directory to record into (replaced if it holds an old trace).
-    #[arg(short = 'o', long, value_name = "DIR", default_value = "ftramp.data")]
+    #[arg(short = 'o', long, value_name = "DIR", default_value = "ftramp.data", visible_short_alias = 'd', visible_alias = "dir")]
     output: PathBuf,
     /// Build the demo in DIR and keep it there (default: a scratch
     /// directory removed at the end).

@@ -212,7 +212,16 @@ fn variants(names: &[String], default: &[Variant]) -> Result<Vec<Variant>> {
 
 const DEFAULT_OBJECT: [Variant; 3] = [Variant::ALL[0], Variant::ALL[1], Variant::Return];
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        // The message and its causes on one line; a bad input is not a
+        // crash, so no backtrace even where RUST_BACKTRACE is set.
+        eprintln!("Error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Archs { rust_targets: true } => {

@@ -21,7 +21,7 @@ pub const ENV_PRELOAD: &str = "FTRAMP_PRELOAD";
 pub struct RecordArgs {
     /// Trace directory (replaced if it holds an old trace; a directory that
     /// is not a trace is refused).
-    #[arg(short = 'o', long, value_name = "DIR", default_value = "ftramp.data")]
+    #[arg(short = 'o', long, value_name = "DIR", default_value = "ftramp.data", visible_short_alias = 'd', visible_alias = "dir")]
     output: PathBuf,
     /// `function_graph`: entries and exits with durations; `function`: entries only.
     #[arg(short = 't', long, default_value = "function_graph", value_parser = ["function_graph", "function"])]

@@ -244,6 +244,23 @@ fn errors_name_the_input() {
     );
 }
 
+/// A bad input is reported in one line, without the stack backtrace that
+/// `RUST_BACKTRACE=1` would add to an error returned from `main`.
+#[test]
+fn errors_are_one_line_even_with_rust_backtrace_set() {
+    let dir = tempdir();
+    let missing = dir.path().join("none");
+    let o = Command::new(env!("CARGO_BIN_EXE_ftramp"))
+        .args(["report", "-d", d(&missing)])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("Error: cannot read trace "), "{err}");
+}
+
 #[test]
 fn damaged_trace_warns_and_replays_the_rest() {
     let dir = tempdir();

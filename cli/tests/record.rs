@@ -135,6 +135,21 @@ fn exit_status_is_the_programs() {
     assert_eq!(t.processes[0].exit.as_deref(), Some("signal 11 (SIGSEGV)"));
 }
 
+/// `-d`/`--dir` name the trace directory as they do for replay, report
+/// and dump (and uftrace).
+#[test]
+fn dir_flag_is_the_same_as_for_replay() {
+    for flag in ["-d", "--dir"] {
+        let d = dir(&format!("dirflag{flag}"));
+        let o = ftramp().args(["record", flag]).arg(&d).args(["-F", "rec_*", "--"]).arg(tracee()).arg("threads").output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let t = Trace::open(&d).unwrap();
+        assert_eq!(t.processes.len(), 1, "{flag}");
+        let r = ftramp().args(["report", "-d"]).arg(&d).output().unwrap();
+        assert!(String::from_utf8_lossy(&r.stdout).contains("rec_worker"), "{flag}: {}", String::from_utf8_lossy(&r.stdout));
+    }
+}
+
 #[test]
 fn program_without_sites_gets_advice() {
     let d = dir("nosites");
