@@ -418,6 +418,8 @@ extern "C-unwind" fn via_raw(n: i64) -> i64 {
 fn unhooked_backtraces_end_at_a_hijacked_return() {
     let _l = lock();
     let rth = fgraph::return_to_handler().unwrap();
+    // (Registered at the first pthread_cancel otherwise.)
+    unwind::register_return_fde();
     let u = counting_user(&[unwc_call as *const () as usize]);
     let r = unwc_outer(via_raw, 4);
     let depth = fgraph::depth();

@@ -391,6 +391,12 @@ pub fn return_to_handler() -> Result<usize, RuntimeError> {
     return_image().map(|j| j.entry(Variant::Return).expect("made"))
 }
 
+/// [`return_to_handler`] if it was made already, else 0 (no return has
+/// been hijacked).
+pub(crate) fn return_to_handler_if_made() -> usize {
+    RETURN_TO_HANDLER.load(Acquire)
+}
+
 /// `(return_to_handler, ftrace_call_through)` for the entry trampolines of
 /// stub entry (codegen `program.rs`, "Stub entry"); the second is 0 where
 /// the sites `call` their trampoline.
@@ -412,9 +418,7 @@ fn return_image() -> Result<&'static JitImage, RuntimeError> {
         };
         let r = make().map_err(|e| e.to_string());
         if let Ok(j) = &r {
-            let rth = j.entry(Variant::Return).expect("made");
-            crate::unwind::register_return_fde(rth);
-            RETURN_TO_HANDLER.store(rth, Release);
+            RETURN_TO_HANDLER.store(j.entry(Variant::Return).expect("made"), Release);
         }
         r
     });

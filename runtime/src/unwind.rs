@@ -104,7 +104,9 @@
 //! An unwind that starts where no hook sees it (`pthread_cancel`: the
 //! cancelled thread starts its forced unwind inside libc; an unwinder
 //! reached through `dlsym`) still meets hijacked returns.  For those,
-//! [`register_return_fde`] registers with the unwinder (`__register_frame`)
+//! [`register_return_fde`] registers with the unwinder (`__register_frame`;
+//! at the program's first `pthread_cancel`, which is hooked for this, as
+//! the registration slows every unwind down a little, see there)
 //! an FDE covering the return address `return_to_handler` (and the byte
 //! before it, which the unwinder looks up for a return address): a frame
 //! of size 0 whose personality routine restores like a hook does, before
@@ -136,7 +138,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 /// The functions hooked, in `Entry` order.
-pub const HOOKED: [&str; 9] = [
+pub const HOOKED: [&str; 10] = [
     "_Unwind_RaiseException",
     "_Unwind_Resume",
     "_Unwind_Resume_or_Rethrow",
@@ -146,6 +148,7 @@ pub const HOOKED: [&str; 9] = [
     "swapcontext",
     "setcontext",
     "pthread_exit",
+    "pthread_cancel",
 ];
 
 #[derive(Clone, Copy)]
@@ -160,6 +163,7 @@ enum Entry {
     SwapContext,
     SetContext,
     PthreadExit,
+    PthreadCancel,
 }
 
 /// The real functions (0: not found in this process).
@@ -803,9 +807,23 @@ extern "C" {
     fn __register_frame(begin: *const u8);
 }
 
-/// Registers the FDE of `return_to_handler` at `rth` with the unwinder
-/// (once per process; fgraph calls it when it makes the trampoline).
-pub(crate) fn register_return_fde(rth: usize) {
+/// Registers the FDE of `return_to_handler` with the unwinder, once per
+/// process, if the trampoline exists (before it does, no return is
+/// hijacked).  The `pthread_cancel` hook calls this; so can a program
+/// that starts forced unwinds some other way no hook sees.
+///
+/// Not done up front because of its cost to programs that never need it:
+/// while any frame is registered, libgcc before GCC 13 takes a global
+/// mutex for every FDE lookup (each frame of each exception, panic and
+/// backtrace, in every thread), where it otherwise asks the loader's
+/// lock-free `_dl_find_object`.
+pub fn register_return_fde() {
+    static DONE: Mutex<bool> = Mutex::new(false);
+    let rth = crate::fgraph::return_to_handler_if_made();
+    let Ok(mut done) = DONE.lock() else { return };
+    if *done || rth == 0 {
+        return;
+    }
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
         let eh = return_eh_frame(rth, return_personality as *const () as usize).leak();
@@ -814,8 +832,7 @@ pub(crate) fn register_return_fde(rth: usize) {
         // personality is a function of the signature the ABI calls.
         unsafe { __register_frame(eh.as_ptr()) };
     }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    let _ = rth;
+    *done = true;
 }
 
 // ---------------------------------------------------------------------------
@@ -1069,6 +1086,17 @@ extern "C-unwind" fn hook_pthread_exit(retval: *mut c_void, caller_sp: usize) {
     fatal(b"ftramp unwind: pthread_exit returned\n")
 }
 
+/// `pthread_cancel`: the cancelled thread starts its forced unwind inside
+/// libc, where no hook sees it; `return_to_handler`'s FDE lets the
+/// unwinder past its traced frames, so it is registered first (see
+/// [`register_return_fde`]).
+extern "C" fn hook_pthread_cancel(thread: libc::pthread_t, _caller_sp: usize) -> libc::c_int {
+    register_return_fde();
+    let f: unsafe extern "C" fn(libc::pthread_t) -> libc::c_int = real(Entry::PthreadCancel);
+    // SAFETY: the real function, with the caller's argument.
+    unsafe { f(thread) }
+}
+
 /// A hook's entry stub: a hidden global function `$name` in its own
 /// section whose body is the `x86_64` or the `aarch64` lines, with
 /// `{hook}` naming `$hook`.
@@ -1148,6 +1176,7 @@ stub!("ftramp_unwind_begin_catch", hook_begin_catch, "rsi", "x1");
 ctx_stub!("ftramp_unwind_swapcontext", hook_swapcontext, "rdx", "rcx", "x2", "x3");
 ctx_stub!("ftramp_unwind_setcontext", hook_setcontext, "rsi", "rdx", "x1", "x2");
 stub!("ftramp_unwind_pthread_exit", hook_pthread_exit, "rsi", "x1");
+stub!("ftramp_unwind_pthread_cancel", hook_pthread_cancel, "rsi", "x1");
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 extern "C" {
@@ -1161,6 +1190,7 @@ extern "C" {
     fn ftramp_unwind_swapcontext();
     fn ftramp_unwind_setcontext();
     fn ftramp_unwind_pthread_exit();
+    fn ftramp_unwind_pthread_cancel();
 }
 
 /// The hooks' entry stubs, in [`HOOKED`] order.
@@ -1176,6 +1206,7 @@ fn hook_addrs() -> Vec<usize> {
         ftramp_unwind_swapcontext,
         ftramp_unwind_setcontext,
         ftramp_unwind_pthread_exit,
+        ftramp_unwind_pthread_cancel,
     ];
     stubs.iter().map(|f| *f as usize).collect()
 }
