@@ -192,7 +192,7 @@ TRACEE long uc_step(long i)
 TRACEE long uc_run(long n, int which)
 {
 	size_t size = 128 * 1024;
-	char *stack = uc_bss_stack;
+	char *volatile stack = uc_bss_stack; /* (getcontext returns twice, for gcc) */
 	if (which) {
 		stack = mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (stack == MAP_FAILED)
