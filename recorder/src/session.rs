@@ -760,7 +760,10 @@ fn install_handlers() {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_fatal as *const () as usize;
             sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut sa.sa_mask);
+            // The program's other handlers wait: one nested above this
+            // one would share the alternate stack, and it may call traced
+            // functions while the trace is being finished.
+            libc::sigfillset(&mut sa.sa_mask);
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
     }

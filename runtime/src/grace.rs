@@ -466,9 +466,15 @@ fn install() -> Result<i32, GraceResult> {
                 let mut act: libc::sigaction = std::mem::zeroed();
                 act.sa_sigaction = on_grace_signal as *const () as usize;
                 // SA_ONSTACK: threads with small stacks (Go, coroutines)
-                // keep an alternate signal stack for exactly this.
+                // keep an alternate signal stack for exactly this.  Every
+                // other signal is blocked while the handler runs: that
+                // stack may be small (Rust threads get a few KiB, meant
+                // for a stack-overflow message), and a program's handler
+                // nested above ours would run on it too and overflow it
+                // (a SIGPROF handler calling traced functions did).  The
+                // handler is short; the signals wait for its return.
                 act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-                libc::sigemptyset(&mut act.sa_mask);
+                libc::sigfillset(&mut act.sa_mask);
                 libc::sigaction(sig, &act, std::ptr::null_mut()) == 0
             };
             if ok {
@@ -909,6 +915,21 @@ mod tests {
         assert!(two_sections_later(GEN_MASK, 1));
         assert!(!two_sections_later(GEN_MASK, 0));
         assert!(!two_sections_later(7, 5));
+    }
+
+    /// No handler nests above the grace handler on an alternate stack.
+    #[test]
+    fn the_handler_blocks_other_signals() {
+        let sig = signal_number().expect("installed");
+        // SAFETY: reads the current action into a zeroed sigaction.
+        let (act, blocked) = unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut act), 0);
+            let blocked = [libc::SIGPROF, libc::SIGALRM, libc::SIGUSR1, libc::SIGCHLD, libc::SIGINT, libc::SIGRTMIN()].map(|s| libc::sigismember(&act.sa_mask, s));
+            (act, blocked)
+        };
+        assert_eq!(blocked, [1; 6]);
+        assert_ne!(act.sa_flags & libc::SA_ONSTACK, 0);
     }
 
     #[test]
