@@ -97,6 +97,14 @@ unsafe extern "C" {
     safe fn unw_pexit_mid(v: i64);
     safe fn unw_pexit_worker(arg: *mut libc::c_void) -> *mut libc::c_void;
     safe fn unw_cancel_run(n: i64) -> i64;
+}
+
+// SAFETY: tests/c/tracee_unwind.c's siglongjmp-from-handler loop: integers
+// only; it restores SIGUSR1's action and joins its sender thread.
+unsafe extern "C" {
+    safe fn sj_run(jumps: i64) -> i64;
+    safe fn sj_mid(x: i64) -> i64;
+    safe fn sj_leaf(x: i64) -> i64;
     safe fn unw_cancel_wait(v: i64);
     safe fn unw_cancel_mid(v: i64);
     safe fn unw_cancel_worker(arg: *mut libc::c_void) -> *mut libc::c_void;
@@ -684,6 +692,42 @@ fn pthread_exit_runs_the_destructors_above_traced_frames() {
     for (i, name) in ["unw_pexit_finish", "unw_pexit_mid", "unw_pexit_worker"].iter().enumerate() {
         assert_eq!(got[i], (4, 0), "{name} (entries, returns)");
     }
+}
+
+/// Handlers that `siglongjmp` out of wherever a signal landed — inside a
+/// trampoline, fgraph's push or pop, a callback — leave dispatch sections
+/// that never end.  The next traced call finds its stack pointer at or
+/// above where the section began and clears what it held (the dispatch
+/// depth, fgraph's busy mark): the thread traces on, and grace periods do
+/// not wait for it forever (before: not one more call was traced, and the
+/// depth stayed non-zero).
+#[test]
+fn siglongjmp_out_of_handlers_that_interrupted_the_runtime() {
+    let _l = lock();
+    let funcs = [sj_mid as *const () as usize, sj_leaf as *const () as usize];
+    let u = counting_user(&funcs);
+    let left = ftramp_runtime::grace::sections_left_by_jump();
+    let mut jumps = 0;
+    for _ in 0..50 {
+        jumps += sj_run(200);
+        if ftramp_runtime::grace::sections_left_by_jump() > left {
+            break;
+        }
+    }
+    assert!(ftramp_runtime::grace::sections_left_by_jump() > left, "no signal landed in dispatch in {jumps} jumps");
+    // (The last jump may have left a section too: the next traced call
+    // finds it.)
+    let before: Vec<(u64, u64)> = (0..2).map(counts).collect();
+    let mut sum = 0;
+    for x in 0..1000 {
+        sum += sj_mid(x);
+    }
+    let after: Vec<(u64, u64)> = (0..2).map(counts).collect();
+    assert_eq!(ftramp_runtime::grace::dispatch_depth(), 0, "the depth the left sections held was cleared");
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(sum, (0..1000).map(|x| 6 * x + 5).sum::<i64>());
+    assert_eq!((after[0].0 - before[0].0, after[0].1 - before[0].1), (1000, 1000), "sj_mid traced after the jumps");
+    assert_eq!((after[1].0 - before[1].0, after[1].1 - before[1].1), (2000, 2000), "sj_leaf");
 }
 
 /// `pthread_cancel` of threads waiting two traced frames down, in a traced

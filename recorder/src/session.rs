@@ -480,9 +480,8 @@ fn check_modules_with(mut guard: MutexGuard<'static, Option<State>>) {
 
 fn spawn_writer() {
     let epoch = WRITER_EPOCH.fetch_add(1, Relaxed) + 1;
-    let r = std::thread::Builder::new()
-        .name("ftramp-writer".into())
-        .spawn(move || writer_loop(epoch));
+    // With the program's signals blocked: see spawn_helper.
+    let r = ftramp_runtime::thread::spawn_helper("ftramp-writer", move || writer_loop(epoch));
     if let Err(e) = r {
         say(&format!(
             "cannot start the writer thread ({e}); events are written at exit only"

@@ -39,15 +39,21 @@ fn call(ip: usize, parent_ip: usize, op: &Ops, fregs: &mut FtraceRegs) {
     }
 }
 
+/// A dispatch section of this thread was left by a jump
+/// ([`crate::grace`]): the `RECURSION` guard it held is released.
+pub(crate) fn dispatch_left() {
+    let _ = IN_GUARDED.try_with(|g| g.set(false));
+}
+
 /// `op->entry` of ops without `RECURSION`.
 pub extern "C" fn track_thunk(ip: usize, parent_ip: usize, op: &Ops, fregs: &mut FtraceRegs) {
-    let _g = DispatchGuard::enter();
+    let _g = DispatchGuard::enter_at(|| fregs.stack_pointer());
     (op.func())(ip, parent_ip, op, fregs)
 }
 
 /// `op->entry` of `RECURSION` ops.
 pub extern "C" fn recursion_thunk(ip: usize, parent_ip: usize, op: &Ops, fregs: &mut FtraceRegs) {
-    let _g = DispatchGuard::enter();
+    let _g = DispatchGuard::enter_at(|| fregs.stack_pointer());
     call(ip, parent_ip, op, fregs)
 }
 
@@ -104,7 +110,7 @@ pub fn publish(table: SiteTable) -> Option<Box<SiteTable>> {
 
 /// `ftrace_ops_list_func`: what `args-list` / `regs-list` trampolines call.
 pub extern "C" fn list_func(ip: usize, parent_ip: usize, _op: usize, fregs: &mut FtraceRegs) {
-    let _g = DispatchGuard::enter();
+    let _g = DispatchGuard::enter_at(|| fregs.stack_pointer());
     let t = TABLE.load(Ordering::Acquire);
     if t.is_null() {
         return;

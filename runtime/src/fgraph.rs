@@ -596,6 +596,9 @@ pub(crate) struct Shadow {
     /// Index limit (usable words + [`word::BASE`]); 0 while the thread has
     /// no stack, so that every room check fails.
     len: Cell<usize>,
+    /// The words mapped at `stack` (set before `stack`; `len` is set from
+    /// it once the stack is ready).
+    mapped: Cell<usize>,
     /// The end of the complete frames.
     top: Cell<usize>,
     /// While entry callbacks run: where the next data block goes, with the
@@ -643,6 +646,7 @@ impl Shadow {
         Shadow {
             stack: Cell::new(std::ptr::null_mut()),
             len: Cell::new(0),
+            mapped: Cell::new(0),
             top: Cell::new(word::BASE),
             cur: Cell::new(word::BASE),
             depth: Cell::new(0),
@@ -657,49 +661,64 @@ impl Shadow {
 
     /// Maps the stack on the thread's first traced call (mmap:
     /// async-signal-safe) and arranges for its unmapping at thread exit.
+    ///
+    /// A signal handler may interrupt this and never come back (it
+    /// `siglongjmp`s): the mapping is recorded in `stack` as soon as it
+    /// exists, and `len`, set last, is the commit, so the next call
+    /// finishes the work instead of mapping again (or mistaking the thread
+    /// for an exiting one).
     #[cold]
     fn ensure(&self) -> bool {
         if self.len.get() != 0 {
             return true;
         }
-        if !self.stack.get().is_null() {
+        if std::ptr::eq(self.stack.get(), NO_STACK.as_ptr()) {
             // Released (the thread is exiting).
             return false;
         }
-        // Arranges the release at thread exit without allocating; when it
-        // cannot (thread::arm), the call runs untraced.
-        if !crate::thread::arm() {
-            return false;
+        if self.stack.get().is_null() {
+            let words = stack_words() + word::BASE;
+            // Arranges the release at thread exit without allocating; when
+            // it cannot (thread::arm), the call runs untraced.
+            if !crate::thread::arm() {
+                return false;
+            }
+            // SAFETY: a fresh anonymous mapping aliases nothing.
+            let p = unsafe {
+                libc::mmap(std::ptr::null_mut(), words * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            };
+            if p == libc::MAP_FAILED {
+                return false;
+            }
+            self.mapped.set(words);
+            self.stack.set(p as *mut u64);
         }
-        let words = stack_words() + word::BASE;
-        // SAFETY: a fresh anonymous mapping aliases nothing.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), words * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-        };
-        if p == libc::MAP_FAILED {
-            return false;
-        }
-        let p = p as *mut u64;
-        LIVE_STACKS.fetch_add(1, Relaxed);
-        // SAFETY: the mapping holds `words` > BASE words.
+        let (p, words) = (self.stack.get(), self.mapped.get());
+        // SAFETY: `p` is this thread's mapping of `words` > BASE words (made
+        // above, or by an earlier call that was interrupted).
         unsafe { p.copy_from_nonoverlapping(NO_STACK.as_ptr(), word::BASE) };
-        self.stack.set(p);
         self.top.set(word::BASE);
         self.cur.set(word::BASE);
         self.len.set(words);
+        LIVE_STACKS.fetch_add(1, Relaxed);
         true
     }
 
     /// Unmaps the stack (thread exit, after the exit hooks).
     pub(crate) fn release(&self) {
+        // `len` first: from here on no room check passes (a signal handler
+        // calling traced code meanwhile runs untraced).
+        let had = self.len.replace(0) != 0;
         let p = self.stack.replace(NO_STACK.as_ptr() as *mut u64);
-        if self.len.get() != 0 {
-            // SAFETY: our own mapping of `len` words; the thread is exiting
-            // and, with `len` 0, nothing reads it again (NO_STACK instead).
-            unsafe { libc::munmap(p as *mut libc::c_void, self.len.get() * 8) };
-            LIVE_STACKS.fetch_sub(1, Relaxed);
+        if !p.is_null() && !std::ptr::eq(p, NO_STACK.as_ptr()) {
+            // SAFETY: our own mapping of `mapped` words; the thread is
+            // exiting and, with `len` 0, nothing reads it again (NO_STACK
+            // instead).
+            unsafe { libc::munmap(p as *mut libc::c_void, self.mapped.get() * 8) };
+            if had {
+                LIVE_STACKS.fetch_sub(1, Relaxed);
+            }
         }
-        self.len.set(0);
         self.top.set(word::BASE);
         self.cur.set(word::BASE);
         self.depth.set(0);
@@ -986,8 +1005,21 @@ fn mask_of(ip: usize) -> u16 {
 /// dispatch code (a thread there before the guard's increment or after its
 /// decrement still returns into a trampoline that must not be freed).
 pub(crate) extern "C" fn graph_entry(ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
-    let _g = DispatchGuard::enter();
+    let _g = DispatchGuard::enter_at(|| fregs.stack_pointer());
     push(shadow(), ip, fregs);
+}
+
+/// A dispatch section of this thread was left by a jump ([`crate::grace`]):
+/// fgraph was interrupted there (push, pop or a callback) and will not
+/// finish, so its busy mark goes, and the depth is counted again from the
+/// frames (`top` moves in one store, the depth in the next: the jump may
+/// have come between).  A frame it was building is not on the stack yet;
+/// one it pushed or was popping is left to the stack-pointer rule (dropped
+/// at the next entry above it).
+pub(crate) fn dispatch_left() {
+    let sh = shadow();
+    sh.state.set(sh.state.get() & !BUSY);
+    sh.depth.set(sh.frames().count());
 }
 
 /// Counts a call left untraced for want of room, and leaves.
@@ -1279,8 +1311,10 @@ impl GraphRet {
 /// registers: pops the frame, calls the return callbacks, returns the real
 /// return address.
 pub extern "C" fn ftrace_return_to_handler(fregs: &mut FtraceRegs) -> usize {
-    let _g = DispatchGuard::enter();
-    pop_return(shadow(), fregs)
+    // The returning function's sp at its entry.
+    let sp = fregs.stack_pointer().wrapping_sub(RET_SP_DELTA);
+    let _g = DispatchGuard::enter_at(|| sp);
+    pop_return(shadow(), fregs, sp)
 }
 
 #[cold]
@@ -1294,8 +1328,7 @@ fn fatal(msg: &[u8]) -> ! {
 /// returning call's) keeps nothing but the thread's block in registers
 /// across the callbacks; the rest is in [`pop_slow`].
 #[inline(always)]
-fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs) -> usize {
-    let sp = fregs.stack_pointer().wrapping_sub(RET_SP_DELTA);
+fn pop_return(sh: &Shadow, fregs: &mut FtraceRegs, sp: usize) -> usize {
     let top = sh.top.get();
     // (With no frame, the sentinel's u64::MAX never matches.)
     if sh.state.get() != 0 || sh.get(top - word::SP) as usize != sp {

@@ -141,7 +141,7 @@ fn start_module_watch() {
         // Read here, not on the new thread: the caller has just read the
         // modules, and a dlopen before the thread first runs must count.
         let mut seen = crate::sites::loader_generation();
-        let spawned = std::thread::Builder::new().name("ftramp-modules".into()).spawn(move || {
+        let spawned = crate::thread::spawn_helper("ftramp-modules", move || {
             loop {
                 std::thread::sleep(MODULE_WATCH_INTERVAL);
                 let now = crate::sites::loader_generation();

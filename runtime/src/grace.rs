@@ -151,11 +151,14 @@
 //!   of them, but the ones Linux never restarts (`nanosleep`, `poll`,
 //!   `epoll_wait`, `select`, … — see signal(7)) return `EINTR` in the
 //!   signalled threads, as with any sampling profiler.
-//! * A thread that blocks the signal, is stopped by a debugger, or has
-//!   left a callback by `longjmp` (its depth never returns to 0) makes
+//! * A thread that blocks the signal or is stopped by a debugger makes
 //!   every grace period time out: its objects stay quarantined (leaked),
 //!   never freed unsafely.  The same happens if [`synchronize`] is called
-//!   while holding a lock a running callback waits for.
+//!   while holding a lock a running callback waits for, and for a thread
+//!   that left a dispatch section by a jump (a signal handler that
+//!   interrupted it and `siglongjmp`ed out) until its next traced call
+//!   notices ([`DispatchGuard::enter_at`]: a section starting at or above
+//!   where the outermost one did means that one was left).
 //! * In a copy of the runtime loaded with `dlopen`, a thread's first
 //!   access to the depth counter may go through `__tls_get_addr`, which in
 //!   older glibc can allocate; this matters only if that first access is
@@ -213,14 +216,78 @@ pub struct DispatchGuard {
 
 impl DispatchGuard {
     /// Enters dispatch: the depth becomes non-zero before any later access
-    /// of this thread (as seen by a signal handler on it).
+    /// of this thread (as seen by a signal handler on it).  For sections
+    /// that are not a traced call's (no stack pointer to record): a
+    /// section entered this way is never taken for one left by a jump.
     #[inline(always)]
     pub fn enter() -> DispatchGuard {
-        let d = dispatch_word();
+        Self::enter_at(|| usize::MAX)
+    }
+
+    /// [`enter`](DispatchGuard::enter) for the dispatch section of a traced
+    /// call whose stack pointer at entry (at the return, the returning
+    /// function's entry sp) is `sp()` (read only where it is needed, so
+    /// that the hot path keeps no register for it).
+    ///
+    /// The outermost section's `sp` is kept: code running inside it runs
+    /// deeper on the stack, so a new section at or above that `sp` (on the
+    /// same stack) means the old one was left without its guards being
+    /// dropped — a signal handler that interrupted dispatch and
+    /// `siglongjmp`ed out.  Its depth would stay non-zero for good (every
+    /// grace period timing out on this thread) and fgraph's busy mark set
+    /// (the thread traced no more): [`left_by_jump`] clears both.
+    #[inline(always)]
+    pub fn enter_at(sp: impl FnOnce() -> usize) -> DispatchGuard {
+        let t = crate::thread::this();
+        if t.dispatch.load(Relaxed) as u32 == 0 {
+            t.dispatch_sp.set(sp());
+        } else {
+            nested(t, sp());
+        }
+        let d = &t.dispatch;
         d.store(d.load(Relaxed).wrapping_add(1), Relaxed);
         compiler_fence(SeqCst);
         DispatchGuard { _not_send: PhantomData }
     }
+}
+
+static LEFT_BY_JUMP: AtomicU64 = AtomicU64::new(0);
+
+/// Dispatch sections found left by a jump (all threads; see
+/// [`DispatchGuard::enter_at`]).
+pub fn sections_left_by_jump() -> u64 {
+    LEFT_BY_JUMP.load(Relaxed)
+}
+
+/// A section entered inside another (a callback calling traced code, a
+/// signal handler), or after one was left by a jump.
+#[cold]
+#[inline(never)]
+fn nested(t: &crate::thread::ThreadState, sp: usize) {
+    if sp >= t.dispatch_sp.get() && sp != usize::MAX {
+        left_by_jump(t, sp);
+    }
+}
+
+/// A new section at `sp`, at or above where the outermost one began: that
+/// one was left, unless this runs on the alternate signal stack and it did
+/// not (a handler that interrupted it, on a stack above it).  If left,
+/// every section of the thread was: the depth goes to 0 (the generation
+/// one up, as when a section ends), and the per-thread busy marks of the
+/// runtime's callbacks are cleared.
+fn left_by_jump(t: &crate::thread::ThreadState, sp: usize) {
+    let outer = t.dispatch_sp.get();
+    let alt = crate::unwind::alt_stack();
+    let on_alt = |a: usize| alt.is_some_and(|(lo, hi)| lo <= a && a < hi);
+    if on_alt(sp) && !on_alt(outer) {
+        return;
+    }
+    let w = t.dispatch.load(Relaxed);
+    t.dispatch.store((w & !0xffff_ffff).wrapping_add(GENERATION_ONE), Relaxed);
+    t.dispatch_sp.set(sp);
+    LEFT_BY_JUMP.fetch_add(1, Relaxed);
+    crate::fgraph::dispatch_left();
+    crate::dispatch::dispatch_left();
 }
 
 impl Drop for DispatchGuard {

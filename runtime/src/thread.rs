@@ -45,6 +45,10 @@ pub(crate) struct ThreadState {
     /// this thread (and by signal handlers on it, which restore it); read
     /// by the grace-period handler, which also runs on this thread.
     pub(crate) dispatch: AtomicU64,
+    /// `grace`'s record of where the outermost dispatch section began (the
+    /// traced function's stack pointer), to tell a section left by a
+    /// `siglongjmp` (see `DispatchGuard::enter_at`).
+    pub(crate) dispatch_sp: Cell<usize>,
     /// `fgraph`'s shadow stack.
     pub(crate) shadow: Shadow,
     /// [`arm`] ran on this thread.
@@ -52,7 +56,7 @@ pub(crate) struct ThreadState {
 }
 
 thread_local! {
-    static THREAD: ThreadState = const { ThreadState { dispatch: AtomicU64::new(0), shadow: Shadow::new(), armed: Cell::new(false) } };
+    static THREAD: ThreadState = const { ThreadState { dispatch: AtomicU64::new(0), dispatch_sp: Cell::new(usize::MAX), shadow: Shadow::new(), armed: Cell::new(false) } };
 }
 
 /// This thread's block, as a plain reference so that hot paths compute its
@@ -308,6 +312,45 @@ thread_local! {
     static FALLBACK: Fallback = const { Fallback };
 }
 
+/// Starts one of the runtime's helper threads (the module watcher, the
+/// recorder's writer) with every signal blocked but the grace period's and
+/// the synchronous ones (faults).
+///
+/// A process-directed signal (`SIGALRM`, `SIGINT`, `SIGCHLD`, a
+/// `setitimer` `SIGPROF`) goes to any thread that does not block it.  In a
+/// program with one thread of its own, the handler would run on a helper
+/// thread the program does not know about — and a handler that
+/// `siglongjmp`s, or that touches the main thread's state, then breaks the
+/// program (seen: a `SIGALRM` handler's `siglongjmp` ran the writer thread
+/// on the main thread's stack).  The mask is set in the spawning thread
+/// around the spawn, so the new thread starts with it: no signal can reach
+/// it before it runs.
+pub fn spawn_helper<F, T>(name: &str, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    // (Installs the grace handler if it was not yet: the helper must answer.)
+    let grace = crate::grace::signal_number();
+    // SAFETY: sigset_t is plain data, filled by sigfillset and edited by
+    // sigdelset; pthread_sigmask only swaps this thread's mask (restored
+    // below, whatever the spawn did).
+    let old = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP].into_iter().chain(grace) {
+            libc::sigdelset(&mut set, sig);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    };
+    let r = std::thread::Builder::new().name(name.into()).spawn(f);
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,6 +391,26 @@ mod tests {
         let others: Vec<usize> = (0..4).map(|_| std::thread::spawn(check).join().unwrap()).collect();
         // (Joined threads' blocks may be reused by later threads.)
         assert!(others.iter().all(|o| *o != main), "{main:#x} {others:x?}");
+    }
+
+    /// Helpers block the program's signals (so a process-directed one goes
+    /// to the program's threads), but not the grace signal; the spawning
+    /// thread's mask is left as it was.
+    #[test]
+    fn helpers_start_with_the_programs_signals_blocked() {
+        let mask = || {
+            // SAFETY: reads this thread's mask into a zeroed sigset_t.
+            unsafe {
+                let mut m: libc::sigset_t = std::mem::zeroed();
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut m);
+                [libc::SIGALRM, libc::SIGINT, libc::SIGCHLD, libc::SIGPROF, libc::SIGTERM, libc::SIGUSR1, crate::grace::signal_number().unwrap(), libc::SIGSEGV].map(|s| libc::sigismember(&m, s))
+            }
+        };
+        let before = mask();
+        let helper = spawn_helper("test-helper", mask).unwrap().join().unwrap();
+        assert_eq!(helper, [1, 1, 1, 1, 1, 1, 0, 0]);
+        assert_eq!(mask(), before);
+        assert_eq!(std::thread::spawn(mask).join().unwrap(), before, "other threads inherit as usual");
     }
 
     #[test]

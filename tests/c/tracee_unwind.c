@@ -236,3 +236,80 @@ TRACEE long uc_setctx(long n)
 	}
 	return uc_k * 100 + uc_leaf(uc_k);
 }
+
+/* --- siglongjmp out of signal handlers that interrupted the runtime: a
+ * thread loops over traced calls while another sends it SIGUSR1 every few
+ * microseconds; the handler siglongjmps back into the loop, so some
+ * signals land inside a trampoline, fgraph or a callback, which are left
+ * for good.  The runtime must notice and trace on. */
+#include <pthread.h>
+#include <time.h>
+
+static sigjmp_buf sj_buf;
+static volatile long sj_jumps;
+static volatile int sj_stop;
+
+static void sj_handler(int sig)
+{
+	(void)sig;
+	sj_jumps++;
+	siglongjmp(sj_buf, 1);
+}
+
+TRACEE long sj_leaf(long x)
+{
+	return x * 3 + 1;
+}
+
+TRACEE long sj_mid(long x)
+{
+	return sj_leaf(x) + sj_leaf(x + 1);
+}
+
+static void *sj_sender(void *arg)
+{
+	pthread_t target = *(pthread_t *)arg;
+	struct timespec ts = {0, 5000};
+	while (!sj_stop) {
+		pthread_kill(target, SIGUSR1);
+		nanosleep(&ts, 0);
+	}
+	return 0;
+}
+
+/* Loops until `jumps` handlers have jumped back: the jumps made. */
+long sj_run(long jumps)
+{
+	static struct sigaction sa, old;
+	static pthread_t self, sender;
+	static volatile long s;
+	sj_jumps = 0;
+	sj_stop = 0;
+	s = 0;
+	/* The jump target first: no handler runs before it is set. */
+	static sigset_t usr1;
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	if (sigsetjmp(sj_buf, 1) == 0) {
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = sj_handler;
+		sigaction(SIGUSR1, &sa, &old);
+		self = pthread_self();
+		/* (Blocked until `sender` is written.) */
+		pthread_sigmask(SIG_BLOCK, &usr1, 0);
+		pthread_create(&sender, 0, sj_sender, &self);
+		pthread_sigmask(SIG_UNBLOCK, &usr1, 0);
+	}
+	while (sj_jumps < jumps)
+		s += sj_mid(s & 1023);
+	/* (A handler jumping back now finds the loop done again.) */
+	pthread_sigmask(SIG_BLOCK, &usr1, 0);
+	sj_stop = 1;
+	pthread_join(sender, 0);
+	/* Drops the signals still pending, then puts everything back. */
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGUSR1, &sa, 0);
+	sigaction(SIGUSR1, &old, 0);
+	pthread_sigmask(SIG_UNBLOCK, &usr1, 0);
+	return sj_jumps;
+}
