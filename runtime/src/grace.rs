@@ -235,7 +235,8 @@ impl DispatchGuard {
     /// dropped — a signal handler that interrupted dispatch and
     /// `siglongjmp`ed out.  Its depth would stay non-zero for good (every
     /// grace period timing out on this thread) and fgraph's busy mark set
-    /// (the thread traced no more): [`left_by_jump`] clears both.
+    /// (the thread traced no more): the new section clears both, and counts
+    /// them in [`sections_left_by_jump`].
     #[inline(always)]
     pub fn enter_at(sp: impl FnOnce() -> usize) -> DispatchGuard {
         let t = crate::thread::this();
