@@ -119,6 +119,38 @@ fn user(filter: Filter) -> (Arc<Fgraph>, &'static Stats) {
     (Arc::new(Fgraph::new(data_entry, data_ret).filter(filter).private(s as *const Stats as usize)), s)
 }
 
+static OPS_CALLS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn ops_count(_ip: usize, _parent: usize, _op: &ftramp_runtime::ops::Ops, _f: &mut FtraceRegs) {
+    OPS_CALLS.fetch_add(1, SeqCst);
+}
+
+/// fgraph and a plain ops on the same functions: the sites go through the
+/// list function, which calls fgraph's entry inside its own dispatch guard.
+/// That is one dispatch section, not a nested one at the same stack
+/// pointer (which would be taken for a section left by a jump, and the
+/// depth would end below 0).
+#[test]
+fn fgraph_and_an_ops_share_a_site_through_the_list_function() {
+    let _l = lock();
+    let f = || Filter::new().symbol("tracee_nested").symbol("tracee_two");
+    let (a, sa) = user(f());
+    let ops = Arc::new(ftramp_runtime::ops::Ops::new(ops_count).filter(f()));
+    fgraph::register_fgraph(a.clone()).unwrap();
+    ftramp_runtime::ftrace::ftrace().register(ops.clone()).unwrap();
+    let left = ftramp_runtime::grace::sections_left_by_jump();
+    let calls = OPS_CALLS.load(SeqCst);
+    assert_eq!(tracee_nested(6), expect_nested(6));
+    assert_eq!(tracee_two(3, 4), 3004);
+    let depth = ftramp_runtime::grace::dispatch_depth();
+    ftramp_runtime::ftrace::ftrace().unregister(&ops).unwrap();
+    fgraph::unregister_fgraph(&a).unwrap();
+    assert_eq!(depth, 0, "dispatch depth after the calls");
+    assert_eq!(ftramp_runtime::grace::sections_left_by_jump(), left, "no section taken for one left by a jump");
+    assert_eq!(OPS_CALLS.load(SeqCst) - calls, 8, "the ops saw every call");
+    assert_eq!((sa.entries.load(SeqCst), sa.rets.load(SeqCst), sa.bad.load(SeqCst)), (8, 8, 0));
+}
+
 #[test]
 fn two_users_keep_their_own_data() {
     let _l = lock();

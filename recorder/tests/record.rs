@@ -379,6 +379,32 @@ fn swapcontext_coroutines_run_as_untraced() {
     }
 }
 
+/// A `SIGALRM` timer whose handler `siglongjmp`s out of wherever it
+/// landed, often the runtime or the recorder itself: the program runs as
+/// untraced (the signal reaches its thread, not the recorder's writer), and
+/// every call after the timer is recorded (no mark left behind by a jump
+/// keeps the thread from being traced), with both tracers.
+#[test]
+fn siglongjmp_out_of_alarm_handlers_loses_nothing_after() {
+    for tracer in ["function_graph", "function"] {
+        // (Buffers large enough that a writer starved by a busy machine
+        // loses nothing: losses would be reported, but they are not what
+        // this checks.)
+        let env = [("FTRAMP_TRACER", tracer), ("FTRAMP_BUFFER_SIZE", "16M"), ("FTRAMP_BUFFERS", "64")];
+        let (dir, out) = record_tracee("alarm-jump", tracer, &["alarm-jump"], &env);
+        assert!(out.status.success(), "{tracer}: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("lost"), "{}", String::from_utf8_lossy(&out.stderr));
+        let want = counters(&out.stdout).swap_remove(0);
+        // (A last signal may jump once more as the loop ends.)
+        assert_eq!(want["rec_tail"], 1000);
+        assert!(want["rec_alarm_jumps"] >= 200);
+        let t = open(&dir);
+        let got = per_function(&t.processes[0]);
+        let exits = if tracer == "function" { 0 } else { 1000 };
+        assert_eq!(count(&got, "rec_tail"), (1000, exits), "{tracer}: rec_tail, all after the last jump");
+    }
+}
+
 #[test]
 fn function_tracer_records_entries_only() {
     let (dir, out) = record_tracee("function", "function", &["threads"], &[("FTRAMP_TRACER", "function")]);

@@ -27,6 +27,10 @@ thread_local! {
 /// Calls `op.func` with the recursion guard when the ops asked for it.
 #[inline]
 fn call(ip: usize, parent_ip: usize, op: &Ops, fregs: &mut FtraceRegs) {
+    if let Some(f) = op.listed_func {
+        // A raw entry, inside the list function's guard.
+        return f(ip, parent_ip, op, fregs);
+    }
     if op.get_flags().contains(OpsFlags::RECURSION) {
         if IN_GUARDED.with(|g| g.replace(true)) {
             op.recursion_misses.fetch_add(1, Ordering::Relaxed);

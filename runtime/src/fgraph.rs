@@ -528,7 +528,7 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     let filter = if all != 0 { Filter::new() } else { filters.iter().fold(Filter::new(), |f, u| f.union(u)) };
     ALL_MASK.store(all, Relaxed);
     publish_masks(masks);
-    let ops = Arc::new(Ops::new(graph_entry).filter(filter).raw_entry());
+    let ops = Arc::new(Ops::new(graph_entry).filter(filter).raw_entry(graph_entry_listed));
     match r.ops.take() {
         Some(old) => {
             if let Err(e) = ftrace().replace(&old, ops.clone()) {
@@ -1006,6 +1006,11 @@ fn mask_of(ip: usize) -> u16 {
 /// decrement still returns into a trampoline that must not be freed).
 pub(crate) extern "C" fn graph_entry(ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
     let _g = DispatchGuard::enter_at(|| fregs.stack_pointer());
+    push(shadow(), ip, fregs);
+}
+
+/// [`graph_entry`] as the list function calls it, inside its guard.
+extern "C" fn graph_entry_listed(ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
     push(shadow(), ip, fregs);
 }
 

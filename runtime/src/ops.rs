@@ -165,6 +165,12 @@ pub struct Ops {
     /// grace period protects, and never read their `op` argument
     /// (fgraph's entry).
     pub(crate) raw_entry: bool,
+    /// What the list function calls instead of `func` for a raw entry: the
+    /// same callback without its own dispatch guard (the list function
+    /// holds one for the same traced call; a second at the same stack
+    /// pointer would look like a section left by a jump, see
+    /// `grace::DispatchGuard::enter_at`).
+    pub(crate) listed_func: Option<OpsFunc>,
 }
 
 impl Ops {
@@ -180,12 +186,14 @@ impl Ops {
             notrace: Filter::new(),
             recursion_misses: AtomicU64::new(0),
             raw_entry: false,
+            listed_func: None,
         }
     }
 
-    /// See the `raw_entry` field.
-    pub(crate) fn raw_entry(mut self) -> Ops {
+    /// See the `raw_entry` and `listed_func` fields.
+    pub(crate) fn raw_entry(mut self, listed: OpsFunc) -> Ops {
         self.raw_entry = true;
+        self.listed_func = Some(listed);
         self
     }
 

@@ -185,6 +185,45 @@ static void counts(void)
     fflush(stdout);
 }
 
+/* "alarm-jump": the classic SIGALRM timeout.  A process-directed SIGALRM
+ * every 50 us whose handler siglongjmps back into a loop of traced calls,
+ * wherever it landed (often inside the recorder); then rec_tail calls,
+ * every one of which the trace must hold. */
+static sigjmp_buf rec_alarm_jb;
+static volatile long n_alarm_jumps;
+static long n_tail;
+
+static void rec_on_alarm(int sig)
+{
+    (void)sig;
+    n_alarm_jumps++;
+    siglongjmp(rec_alarm_jb, 1);
+}
+
+__attribute__((noinline)) long rec_tail(long x) { n_tail++; return rec_leaf(x) + 1; }
+
+static void alarm_jumps(long jumps, long tail)
+{
+    static struct itimerval it;
+    static volatile long s;
+    if (sigsetjmp(rec_alarm_jb, 1) == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = rec_on_alarm;
+        sigaction(SIGALRM, &sa, 0);
+        it.it_value.tv_usec = 50;
+        it.it_interval.tv_usec = 50;
+        setitimer(ITIMER_REAL, &it, 0);
+    }
+    while (n_alarm_jumps < jumps)
+        s += rec_leaf(s & 1023);
+    memset(&it, 0, sizeof it);
+    setitimer(ITIMER_REAL, &it, 0);
+    signal(SIGALRM, SIG_IGN);
+    for (long i = 0; i < tail; i++)
+        s += rec_tail(i);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "threads";
@@ -250,6 +289,11 @@ int main(int argc, char **argv)
         }
         counts();
         printf("rec_co_yield %ld\nrec_co_step %ld\n", n_co_yield, n_co_step);
+        return 0;
+    }
+    if (!strcmp(mode, "alarm-jump")) {
+        alarm_jumps(200, 1000);
+        printf("rec_tail %ld\nrec_alarm_jumps %ld\n", n_tail, n_alarm_jumps);
         return 0;
     }
     if (!strcmp(mode, "loop")) {
