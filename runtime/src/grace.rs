@@ -240,10 +240,14 @@ impl DispatchGuard {
     #[inline(always)]
     pub fn enter_at(sp: impl FnOnce() -> usize) -> DispatchGuard {
         let t = crate::thread::this();
-        if t.dispatch.load(Relaxed) as u32 == 0 {
-            t.dispatch_sp.set(sp());
-        } else {
-            nested(t, sp());
+        // (Nothing to record or check while the detection is off: the
+        // constant folds this away, keeping the hot path as it was.)
+        if DETECT_LEFT_SECTIONS {
+            if t.dispatch.load(Relaxed) as u32 == 0 {
+                t.dispatch_sp.set(sp());
+            } else {
+                nested(t, sp());
+            }
         }
         let d = &t.dispatch;
         d.store(d.load(Relaxed).wrapping_add(1), Relaxed);
@@ -273,7 +277,7 @@ const DETECT_LEFT_SECTIONS: bool = false;
 #[cold]
 #[inline(never)]
 fn nested(t: &crate::thread::ThreadState, sp: usize) {
-    if DETECT_LEFT_SECTIONS && sp >= t.dispatch_sp.get() && sp != usize::MAX {
+    if sp >= t.dispatch_sp.get() && sp != usize::MAX {
         left_by_jump(t, sp);
     }
 }

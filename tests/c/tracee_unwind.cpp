@@ -220,9 +220,11 @@ extern "C" void unw_func(long f, void **addr, long *ncalls, long *nrets)
 
 static long pexit_dtors;
 
-struct CountingGuard {
-	~CountingGuard() { __atomic_add_fetch(&pexit_dtors, 1, __ATOMIC_SEQ_CST); }
+/* Counts its destruction in `*Counter`. */
+template <long *Counter> struct DtorCount {
+	~DtorCount() { __atomic_add_fetch(Counter, 1, __ATOMIC_SEQ_CST); }
 };
+typedef DtorCount<&pexit_dtors> CountingGuard;
 
 TRACEE void unw_pexit_finish(long v)
 {
@@ -270,9 +272,7 @@ extern "C" long unw_pexit_run(long n)
 static long cancel_dtors;
 static long cancel_inside;
 
-struct CancelGuard {
-	~CancelGuard() { __atomic_add_fetch(&cancel_dtors, 1, __ATOMIC_SEQ_CST); }
-};
+typedef DtorCount<&cancel_dtors> CancelGuard;
 
 TRACEE void unw_cancel_wait(long v)
 {
