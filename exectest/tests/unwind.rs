@@ -702,7 +702,6 @@ fn pthread_exit_runs_the_destructors_above_traced_frames() {
 /// not wait for it forever (before: not one more call was traced, and the
 /// depth stayed non-zero).
 #[test]
-#[ignore = "the detection of sections left by a jump is off (grace::DETECT_LEFT_SECTIONS): a false detection was seen in a stress run"]
 fn siglongjmp_out_of_handlers_that_interrupted_the_runtime() {
     let _l = lock();
     let funcs = [sj_mid as *const () as usize, sj_leaf as *const () as usize];

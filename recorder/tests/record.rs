@@ -385,7 +385,6 @@ fn swapcontext_coroutines_run_as_untraced() {
 /// every call after the timer is recorded (no mark left behind by a jump
 /// keeps the thread from being traced), with both tracers.
 #[test]
-#[ignore = "the detection of sections left by a jump is off (grace::DETECT_LEFT_SECTIONS): a false detection was seen in a stress run"]
 fn siglongjmp_out_of_alarm_handlers_loses_nothing_after() {
     for tracer in ["function_graph", "function"] {
         // (Buffers large enough that a writer starved by a busy machine
