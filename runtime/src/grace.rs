@@ -237,27 +237,43 @@ impl DispatchGuard {
     /// grace period timing out on this thread) and fgraph's busy mark set
     /// (the thread traced no more): the new section clears both, and counts
     /// them in [`sections_left_by_jump`].
+    ///
+    /// Nothing before the depth is raised may leave the caller's code in
+    /// an optimised build (the grace period sees a thread there as outside
+    /// dispatch, and a thunk's range covers only its own code): the sp is
+    /// a load from the trampoline's frame, inlined.  (Unoptimised, even
+    /// the thread-local lookup is a call: the workspace builds this crate
+    /// optimised in its dev profile too, see the README.)
     #[inline(always)]
-    pub fn enter_at(sp: impl FnOnce() -> usize) -> DispatchGuard {
+    pub fn enter_at(sp: impl Fn() -> usize) -> DispatchGuard {
         let t = crate::thread::this();
+        let d = &t.dispatch;
+        let mut w = d.load(Relaxed);
         // (Nothing to record or check while the detection is off: the
         // constant folds this away, keeping the hot path as it was.)
         if DETECT_LEFT_SECTIONS {
-            if t.dispatch.load(Relaxed) as u32 == 0 {
+            if w as u32 == 0 {
                 t.dispatch_sp.set(sp());
-                // The sp before the depth, in program order: a signal
-                // handler in between sees depth 0 and its own outermost
-                // section ends by resetting the sp (Drop), so this section
-                // then runs with no sp (never taken for a left one) rather
-                // than with the handler's, deeper one.  The other way
-                // round, a handler would compare against a stale sp.
+                // The sp before the depth, in program order, so that a
+                // section left by a jump always has one.  A signal handler
+                // in between sees depth 0 and its own outermost section
+                // ends by resetting the sp (Drop): this section then runs
+                // with none (never taken for a left one) rather than with
+                // the handler's, deeper one.
                 compiler_fence(SeqCst);
             } else {
-                nested(t, sp());
+                // Inside another section, or one left by a jump: the
+                // thread counts as inside dispatch throughout.
+                if nested(t, sp()) {
+                    // The depth now counts this section (and only it).
+                    compiler_fence(SeqCst);
+                    return DispatchGuard { _not_send: PhantomData };
+                }
+                // (A signal handler may have changed it meanwhile.)
+                w = d.load(Relaxed);
             }
         }
-        let d = &t.dispatch;
-        d.store(d.load(Relaxed).wrapping_add(1), Relaxed);
+        d.store(w.wrapping_add(1), Relaxed);
         compiler_fence(SeqCst);
         DispatchGuard { _not_send: PhantomData }
     }
@@ -276,39 +292,45 @@ pub fn sections_left_by_jump() -> u64 {
 /// folds the sp record away.  It was off for one release after false
 /// detections in stress runs: a signal handler's own section in the window
 /// between an outermost section's sp record and its depth increment left
-/// its deeper sp behind, see `Drop` and the test
+/// its deeper sp behind; see the test
 /// `a_handler_in_the_entry_window_causes_no_false_detection`.)
 const DETECT_LEFT_SECTIONS: bool = true;
 
 /// A section entered inside another (a callback calling traced code, a
-/// signal handler), or after one was left by a jump.
+/// signal handler), or after one was left by a jump: true when it was
+/// ([`left_by_jump`] then counts this section in the depth).
 #[cold]
 #[inline(never)]
-fn nested(t: &crate::thread::ThreadState, sp: usize) {
-    if sp >= t.dispatch_sp.get() && sp != usize::MAX {
-        left_by_jump(t, sp);
-    }
+fn nested(t: &crate::thread::ThreadState, sp: usize) -> bool {
+    sp >= t.dispatch_sp.get() && sp != usize::MAX && left_by_jump(t, sp)
 }
 
 /// A new section at `sp`, at or above where the outermost one began: that
 /// one was left, unless this runs on the alternate signal stack and it did
 /// not (a handler that interrupted it, on a stack above it).  If left,
-/// every section of the thread was: the depth goes to 0 (the generation
-/// one up, as when a section ends), and the per-thread busy marks of the
-/// runtime's callbacks are cleared.
-fn left_by_jump(t: &crate::thread::ThreadState, sp: usize) {
+/// every section of the thread was: they end (the generation one up, as
+/// when a section ends) and the depth counts only the new one — it never
+/// passes through 0, as the thread is inside dispatch throughout — and the
+/// per-thread busy marks of the runtime's callbacks are cleared.
+fn left_by_jump(t: &crate::thread::ThreadState, sp: usize) -> bool {
     let outer = t.dispatch_sp.get();
     let alt = crate::unwind::alt_stack();
     let on_alt = |a: usize| alt.is_some_and(|(lo, hi)| lo <= a && a < hi);
     if on_alt(sp) && !on_alt(outer) {
-        return;
+        return false;
     }
-    let w = t.dispatch.load(Relaxed);
-    t.dispatch.store((w & !0xffff_ffff).wrapping_add(GENERATION_ONE), Relaxed);
+    // The new sp first: a signal handler in between runs deeper than this
+    // live section (or on an alternate stack above it), so it is not
+    // taken for a jump.
     t.dispatch_sp.set(sp);
+    compiler_fence(SeqCst);
+    let w = t.dispatch.load(Relaxed);
+    t.dispatch.store((w & !0xffff_ffff).wrapping_add(GENERATION_ONE) | 1, Relaxed);
+    compiler_fence(SeqCst);
     LEFT_BY_JUMP.fetch_add(1, Relaxed);
     crate::fgraph::dispatch_left();
     crate::dispatch::dispatch_left();
+    true
 }
 
 impl Drop for DispatchGuard {
@@ -323,9 +345,10 @@ impl Drop for DispatchGuard {
         let w = d.load(Relaxed).wrapping_sub(1);
         d.store(if w as u32 == 0 { w.wrapping_add(GENERATION_ONE) } else { w }, Relaxed);
         if DETECT_LEFT_SECTIONS && w as u32 == 0 {
-            // No outermost section: no sp.  A section that a signal handler
-            // interrupted between recording its sp and raising the depth
-            // (enter_at) finds this instead of the handler's sp.
+            // No outermost section: no sp (see enter_at).  After the depth
+            // reaches 0: a jump out in between leaves depth 0 and a stale
+            // sp, which the next outermost section replaces (the other way
+            // round it would leave a depth with no sp, never found).
             compiler_fence(SeqCst);
             t.dispatch_sp.set(usize::MAX);
         }
