@@ -134,7 +134,8 @@ mod tests {
     /// The thunks whose whole code must lie within THUNK_CODE bytes (a
     /// thread after their guard's decrement still returns into a
     /// trampoline): measured from this test binary's symbol table, in the
-    /// unoptimised build (the larger; optimised test builds keep no local
+    /// debug build (the workspace builds the runtime with `opt-level = 2`
+    /// there too, see Cargo.toml; release test builds keep no local
     /// symbols for them).
     #[cfg(debug_assertions)]
     #[test]
