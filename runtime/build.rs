@@ -25,4 +25,16 @@ fn main() {
     }
     let path = std::path::Path::new(&std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("frame_offsets.rs");
     std::fs::write(path, out).expect("write frame_offsets.rs");
+
+    // Unoptimised, the thunks call out before they mark the thread as inside
+    // dispatch, where a grace period may free the trampoline it returns to
+    // (README, "Limits"): say so, and let a test keep this workspace's build
+    // optimised.
+    println!("cargo::rustc-check-cfg=cfg(ftramp_unoptimised)");
+    if std::env::var("OPT_LEVEL").is_ok_and(|l| l == "0") {
+        println!("cargo:rustc-cfg=ftramp_unoptimised");
+        println!(
+            "cargo:warning=ftramp-runtime is built with opt-level 0: retiring trampolines can crash threads entering them; add [profile.dev.package.ftramp-runtime] opt-level = 2 (README, Limits)"
+        );
+    }
 }

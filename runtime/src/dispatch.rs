@@ -131,6 +131,14 @@ pub extern "C" fn list_func(ip: usize, parent_ip: usize, _op: usize, fregs: &mut
 
 #[cfg(test)]
 mod tests {
+    /// The workspace builds the runtime optimised in every profile (see
+    /// Cargo.toml): unoptimised, the thunks call out before their guard
+    /// marks the thread, outside every range a grace period checks.
+    #[test]
+    fn the_runtime_is_built_optimised() {
+        assert!(!cfg!(ftramp_unoptimised), "ftramp-runtime was built with opt-level 0 (Cargo.toml's dev profile override is missing)");
+    }
+
     /// The thunks whose whole code must lie within THUNK_CODE bytes (a
     /// thread after their guard's decrement still returns into a
     /// trampoline): measured from this test binary's symbol table, in the
