@@ -135,6 +135,7 @@ mod tests {
     /// Cargo.toml): unoptimised, the thunks call out before their guard
     /// marks the thread, outside every range a grace period checks.
     #[test]
+    #[allow(clippy::assertions_on_constants)] // (a test that fails, not a build)
     fn the_runtime_is_built_optimised() {
         assert!(!cfg!(ftramp_unoptimised), "ftramp-runtime was built with opt-level 0 (Cargo.toml's dev profile override is missing)");
     }
