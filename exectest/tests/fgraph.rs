@@ -52,7 +52,7 @@ fn new_stats() -> &'static Stats {
 }
 
 fn stats(g: &Fgraph) -> &'static Stats {
-    // SAFETY (test): every user in this file points `private` at a leaked Stats.
+    // SAFETY: (test) every user in this file points `private` at a leaked Stats.
     unsafe { &*(g.private as *const Stats) }
 }
 

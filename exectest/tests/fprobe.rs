@@ -41,7 +41,7 @@ fn new_stats() -> &'static Stats {
 }
 
 fn stats(fp: &Fprobe) -> &'static Stats {
-    // SAFETY (test): every fprobe here points `private` at a leaked Stats.
+    // SAFETY: (test) every fprobe here points `private` at a leaked Stats.
     unsafe { &*(fp.private as *const Stats) }
 }
 

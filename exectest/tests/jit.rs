@@ -428,8 +428,8 @@ fn s390x_vector_registers_and_the_condition_code_survive() {
     let pattern = unsafe { std::ptr::read_volatile(&raw const arch_vec_pattern) };
     // SAFETY: a global of the C harness, read as plain data; only C code on this thread writes it.
     let seen = || unsafe { std::ptr::read_volatile(&raw const arch_vec_seen) };
-    // Untraced: the harness itself passes the registers and cc 2 through.
     // SAFETY: the harness calls its own tracee, whose address is passed, with its C signature.
+    // (Untraced: the harness itself passes the registers and cc 2 through.)
     assert_eq!(unsafe { arch_vec_call(addr!(arch_vec_tracee)) }, 2);
     assert_eq!(seen(), pattern);
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {

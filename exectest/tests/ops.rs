@@ -30,7 +30,7 @@ macro_rules! addr {
 
 /// A counter per ops, found through `Ops::private`.
 fn counter(op: &Ops) -> &AtomicU64 {
-    // SAFETY (test): every ops in this file points `private` at a leaked
+    // SAFETY: (test) every ops in this file points `private` at a leaked
     // AtomicU64.
     unsafe { &*(op.private as *const AtomicU64) }
 }

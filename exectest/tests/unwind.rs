@@ -408,6 +408,7 @@ extern "C-unwind" fn raw_capture(n: i64) -> i64 {
     // libgcc's `_Unwind_Backtrace(trace, arg)`.
     let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_Unwind_Backtrace".as_ptr()) };
     assert!(!f.is_null());
+    // SAFETY: `f` is that function (above), whose C signature `Trace` matches.
     let f: extern "C" fn(Trace, *mut libc::c_void) -> libc::c_int = unsafe { std::mem::transmute(f) };
     RAW_PCS.lock().unwrap().clear();
     f(raw_frame, std::ptr::null_mut());

@@ -52,14 +52,14 @@ fn lock() -> std::sync::MutexGuard<'static, ()> {
 /// state a `vzeroupper`-ending function leaves (zero), after upper halves
 /// that were anything.
 fn clobber_upper_halves() {
-    // SAFETY (test): the callbacks run only where the CPU has AVX (the
+    // SAFETY: (test) the callbacks run only where the CPU has AVX (the
     // test returns early elsewhere).
     unsafe { clobber_avx() }
 }
 
 #[target_feature(enable = "avx")]
 unsafe fn clobber_avx() {
-    // SAFETY (test): only caller-saved vector registers change, which the
+    // SAFETY: (test) only caller-saved vector registers change, which the
     // asm declares clobbered.
     unsafe {
         std::arch::asm!(
@@ -135,7 +135,7 @@ fn m256_arguments_and_returns_survive_avx_code_in_callbacks() {
     }
     let expect_clobber = std::env::var_os(EXPECT_CLOBBER).is_some();
     assert_eq!(ftramp_runtime::gen_options().vector_upper, !expect_clobber);
-    // SAFETY (test): the checker only calls the two AVX tracees; the CPU has AVX.
+    // SAFETY: (test) the checker only calls the two AVX tracees; the CPU has AVX.
     assert_eq!(unsafe { avx_check(3) }, 0, "untraced");
 
     // SAFETY: as above.
@@ -187,7 +187,7 @@ fn m512_arguments_and_returns_survive_avx_code_in_callbacks() {
     }
     let expect_clobber = std::env::var_os(EXPECT_CLOBBER).is_some();
     assert_eq!(ftramp_runtime::gen_options().vector_wider, !expect_clobber);
-    // SAFETY (test): the checker only calls its AVX-512 tracee; the CPU has AVX-512F.
+    // SAFETY: (test) the checker only calls its AVX-512 tracee; the CPU has AVX-512F.
     assert_eq!(unsafe { avx512_check(3) }, 0, "untraced");
     // SAFETY: as above.
     check_both_tiers(&["avx512_scale"], 3, || unsafe { avx512_check(3) }, "bits 128-511 of a zmm argument or return value were lost");

@@ -30,7 +30,7 @@ static RETURNS: AtomicU64 = AtomicU64::new(0);
 
 /// Uses all eight x87 registers, as a callee may: eight pushes, eight pops.
 fn fill_the_x87_stack() {
-    // SAFETY (test): the x87 registers are caller-saved and declared
+    // SAFETY: (test) the x87 registers are caller-saved and declared
     // clobbered; the stack is left as found (empty, by the ABI).
     unsafe {
         std::arch::asm!(
@@ -55,7 +55,7 @@ extern "C" fn graph_ret(_ret: &GraphRet, _user: &Fgraph, _fregs: &mut FtraceRegs
 
 #[test]
 fn long_double_returns_survive_x87_code_in_return_callbacks() {
-    // SAFETY (test): the checker only calls its three tracees.
+    // SAFETY: (test) the checker only calls its three tracees.
     assert_eq!(unsafe { x87_check(3) }, 0, "untraced");
     let f = Filter::new().symbol("x87_scale").symbol("x87_pair").symbol("x87_none");
     let user = Arc::new(Fgraph::new(graph_entry, graph_ret).filter(f).skip_timestamp(true));

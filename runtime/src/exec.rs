@@ -80,8 +80,8 @@ fn map_near(near: Option<usize>, size: usize, reach: u64) -> Result<usize, Runti
             continue;
         }
         if p as usize != c {
-            // Old kernels ignore the flag and treat the address as a hint.
-            // SAFETY: we own the mapping we just got.
+            // SAFETY: we own the mapping we just got.  (Old kernels ignore
+            // the flag and treat the address as a hint.)
             unsafe { libc::munmap(p, size) };
             continue;
         }

@@ -237,7 +237,7 @@ impl Ftrace {
         }
         let n = matched.len();
         start_module_watch();
-        let entry = if ops.raw_entry { ops.func() as usize } else { dispatch::entry_for(ops.get_flags()) };
+        let entry = ops.trampoline_entry();
         ops.entry.store(entry, std::sync::atomic::Ordering::Release);
         st.ops.push(ops);
         if let Err(e) = st.apply() {
@@ -293,7 +293,7 @@ impl Ftrace {
                 }
             }
         }
-        let entry = if new.raw_entry { new.func() as usize } else { dispatch::entry_for(new.get_flags()) };
+        let entry = new.trampoline_entry();
         new.entry.store(entry, std::sync::atomic::Ordering::Release);
         let removed = std::mem::replace(&mut st.ops[i], new);
         match st.apply() {

@@ -160,16 +160,14 @@ pub struct Ops {
     filter: Filter,
     notrace: Filter,
     pub(crate) recursion_misses: AtomicU64,
-    /// Trampolines call `func` itself, not a thunk: for the runtime's own
-    /// callbacks that enter dispatch themselves before touching anything a
-    /// grace period protects, and never read their `op` argument
-    /// (fgraph's entry).
-    pub(crate) raw_entry: bool,
-    /// What the list function calls instead of `func` for a raw entry: the
-    /// same callback without its own dispatch guard (the list function
-    /// holds one for the same traced call; a second at the same stack
-    /// pointer would look like a section left by a jump, see
-    /// `grace::DispatchGuard::enter_at`).
+    /// `Some` for a *raw entry*: trampolines call `func` itself, not a
+    /// thunk — for the runtime's own callbacks that enter dispatch
+    /// themselves before touching anything a grace period protects, and
+    /// never read their `op` argument (fgraph's entry).  The value is what
+    /// the list function calls instead: the same callback without its own
+    /// dispatch guard (the list function holds one for the same traced
+    /// call; a second at the same stack pointer would look like a section
+    /// left by a jump, see `grace::DispatchGuard::enter_at`).
     pub(crate) listed_func: Option<OpsFunc>,
 }
 
@@ -185,16 +183,23 @@ impl Ops {
             filter: Filter::new(),
             notrace: Filter::new(),
             recursion_misses: AtomicU64::new(0),
-            raw_entry: false,
             listed_func: None,
         }
     }
 
-    /// See the `raw_entry` and `listed_func` fields.
+    /// Makes this a raw entry (see the `listed_func` field).
     pub(crate) fn raw_entry(mut self, listed: OpsFunc) -> Ops {
-        self.raw_entry = true;
         self.listed_func = Some(listed);
         self
+    }
+
+    /// What a trampoline calls for this ops: `func` for a raw entry, else
+    /// the thunk for its flags.
+    pub(crate) fn trampoline_entry(&self) -> usize {
+        match self.listed_func {
+            Some(_) => self.func() as usize,
+            None => crate::dispatch::entry_for(self.get_flags()),
+        }
     }
 
     pub fn flags(mut self, flags: OpsFlags) -> Ops {

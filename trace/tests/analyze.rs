@@ -526,6 +526,8 @@ fn names_needing_escapes_stay_valid() {
 
 /// 2M calls on 4 threads (32 MB of events): everything is read and counted. Prints the
 /// time each stage takes (run: cargo test --release -p ftramp-trace --test analyze -- --ignored --nocapture).
+/// Ignored by default because it is a timing run, not a check the other tests lack: the
+/// same reading paths are exercised, on smaller traces, by every other test in this file.
 #[test]
 #[ignore = "a timing run (32 MB of events) for the README's reading speeds; its counts are also checked, but it takes seconds"]
 fn large_trace() {

@@ -243,7 +243,6 @@ pub fn main_entry() {
     if depth != 0 || bad != 0 || entries != rets {
         std::process::exit(1);
     }
-    // So the benchmark's tracee is linked in.
-    // SAFETY: a plain C function.
+    // SAFETY: a plain C function.  (So the benchmark's tracee is linked in.)
     unsafe { bench_leaf() };
 }

@@ -176,8 +176,8 @@ fn run(cfg: &Config, persist: bool, quiet: bool) -> (bool, f64) {
             }
         }
     }
-    // So the irrelevant tracee is linked in and visibly untraced.
-    // SAFETY: as above.
+    // SAFETY: as above.  (So the irrelevant tracee is linked in and
+    // visibly untraced.)
     unsafe { tracee_irrelevant() };
     if !persist {
         for ops in relevant.iter().chain(&irrelevant) {
