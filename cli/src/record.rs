@@ -33,7 +33,7 @@ pub struct RecordArgs {
     #[arg(short = 'N', long = "notrace", value_name = "GLOB")]
     notrace: Vec<String>,
     /// Record calls up to this nesting depth (1: outermost traced calls only; function_graph).
-    #[arg(short = 'D', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(short = 'D', long, visible_alias = "max-depth", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     depth: Option<u64>,
     /// Drop calls shorter than this (e.g. 10us, 1.5ms; function_graph).
     #[arg(long, value_name = "TIME")]
@@ -112,6 +112,15 @@ fn find_program(prog: &std::ffi::OsStr) -> Result<PathBuf> {
         if executable(&c) {
             return Ok(c);
         }
+    }
+    if p.as_os_str().as_encoded_bytes().starts_with(b"-") {
+        // Options before PROG are clap's; a word that starts with `-` and
+        // reaches here was not one of them (a misspelt option), not a program.
+        bail!(
+            "unknown option `{}` (see `ftramp record --help`; a program whose name starts with `-` is run as ./{})",
+            p.display(),
+            p.display()
+        );
     }
     bail!("program not found: {} (not in PATH)", p.display())
 }

@@ -212,6 +212,14 @@ fn bad_input_is_refused_with_a_reason() {
         (&["--min-duration", "3 parsecs"], "true", "--min-duration"),
         (&["--buffer-size", "1K"], "true", "between 4K and 16M"),
         (&["-F", "[oops"], "true", "bad filter `[oops`"),
+        // A misspelt option is named as one, not looked up as the program.
+        (&["--max-deth", "3"], "true", "unknown option `--max-deth`"),
+        // `--max-depth` is the name for `--depth`.
+        (
+            &["-t", "function", "--max-depth", "2"],
+            "true",
+            "--depth needs the function_graph tracer",
+        ),
     ];
     for (opts, prog, want) in cases {
         let o = record(&d, opts, Path::new(prog), &[]);
