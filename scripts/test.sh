@@ -80,8 +80,9 @@ if ((native_only == 0)); then
         [[ "$t" == "$host" ]] && continue
         log "runtime and JIT tests for $t under qemu-user"
         pkgs=(-p ftramp-exectest -p ftramp-runtime)
-        # The ops engine (live patching), its samples and the C API exist for aarch64 too.
-        [[ "$t" == aarch64-* ]] && pkgs+=(-p ftrace-ops -p ftramp-capi -p fprobe-example)
+        # The ops engine (live patching), its samples, the C API and the
+        # recorder behind `ftramp record` exist for aarch64 too.
+        [[ "$t" == aarch64-* ]] && pkgs+=(-p ftrace-ops -p ftramp-capi -p fprobe-example -p ftramp-recorder)
         cargo test --locked "${pkgs[@]}" --target "$t"
     done
 fi
