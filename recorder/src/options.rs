@@ -4,7 +4,7 @@
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `FTRAMP_RECORD_DIR` | trace directory (must exist); unset: the library does nothing | — |
+//! | `FTRAMP_RECORD_DIR` | trace directory (must exist: a missing one is reported and the program runs untraced); unset: the library does nothing | — |
 //! | `FTRAMP_TRACER` | `function_graph` (entry + exit) or `function` (entries) | `function_graph` |
 //! | `FTRAMP_FILTER` | globs/symbols to trace, separated by spaces or `;` | everything |
 //! | `FTRAMP_NOTRACE` | globs/symbols not to trace | nothing |
@@ -80,6 +80,12 @@ impl Options {
         let Some(dir) = std::env::var_os(ENV_DIR).filter(|v| !v.is_empty()) else {
             return Ok(None);
         };
+        if !std::path::Path::new(&dir).is_dir() {
+            return Err(format!(
+                "{ENV_DIR}={}: not a directory (it must exist; `ftramp record` creates it)",
+                std::path::Path::new(&dir).display()
+            ));
+        }
         let tracer = match get(ENV_TRACER) {
             None => Tracer::FunctionGraph,
             Some(t) => Tracer::parse(&t)

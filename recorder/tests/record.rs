@@ -850,3 +850,21 @@ fn program_without_sites_runs_and_gets_advice() {
     assert_eq!(p.exit.as_deref(), Some("code 0"));
     assert!(p.threads.iter().all(|t| t.events.is_empty()));
 }
+
+/// Without `ftramp record` the directory may be missing: the program runs
+/// untraced and is told which variable names what.
+#[test]
+fn a_missing_trace_directory_is_named_and_the_program_runs() {
+    let b = built();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("recorder-traces/no-such-dir");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = record(&dir, &b.nosites, &[], &[]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran 42\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("FTRAMP_RECORD_DIR={}: not a directory", dir.display())) && stderr.contains("runs untraced"),
+        "{stderr}"
+    );
+    assert!(!dir.exists());
+}
