@@ -44,7 +44,7 @@ pub struct RecordArgs {
     /// Bytes per thread buffer, e.g. 64K, 1M (4K..16M; default 128K).
     #[arg(long, value_name = "SIZE")]
     buffer_size: Option<String>,
-    /// Buffers in the pool all threads share (default 256; memory is used as buffers fill).
+    /// Buffers in the pool all threads share (default 1024: each live thread holds one; memory is used as buffers fill).
     #[arg(long, value_name = "N")]
     buffers: Option<usize>,
     /// The program and its arguments.

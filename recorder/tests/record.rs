@@ -365,6 +365,36 @@ fn threads_exact_counts_with(name: &str, env: &[(&str, &str)]) {
     assert_eq!(p.threads.iter().filter(|t| t.exited).count(), 4);
 }
 
+/// 300 threads alive at once, each holding a buffer with events in it,
+/// record with nothing lost under the default pool (1024 buffers; with the
+/// old default of 256 the threads past it lost their events, counted).
+#[test]
+fn many_live_threads_lose_nothing_by_default() {
+    let (dir, out) = record_tracee("many-threads", "function_graph", &["many-threads", "300"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = &counters(&out.stdout)[0];
+    assert_eq!((want["rec_worker"], want["rec_leaf"]), (300, 1200));
+    let t = open(&dir);
+    let p = &t.processes[0];
+    assert_eq!(p.lost, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(p.threads.len(), 301, "main and 300 workers");
+    let got = per_function(p);
+    assert_eq!(count(&got, "rec_many_worker"), (300, 300));
+    assert_eq!(count(&got, "rec_leaf"), (1200, 1200));
+    let all: u64 = p.threads.iter().map(|t| t.events.len() as u64).sum();
+    // The same with a pool smaller than the live threads: the losses are
+    // counted, and with the recorded events they make up every event of the
+    // lossless run.
+    let small = trace_dir("many-threads-small", "function_graph");
+    let out = record(&small, &built().tracee, &["many-threads", "300"], &[("FTRAMP_BUFFERS", "100")]);
+    assert!(out.status.success());
+    let p = &open(&small).processes[0];
+    let recorded: u64 = p.threads.iter().map(|t| t.events.len() as u64).sum();
+    assert!(p.lost > 0);
+    assert_eq!(recorded + p.lost, all);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("{} events lost", p.lost)));
+}
+
 /// Signal handlers calling traced functions while the program (and now
 /// and then the recorder) is inside traced calls: their calls nest in the
 /// trace, and the ones fgraph's recursion guard had to leave untraced are

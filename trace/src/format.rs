@@ -509,7 +509,7 @@ pub mod record_env {
     pub const DEFAULT_BUFFER_SIZE: usize = 128 << 10;
     pub const MIN_BUFFER_SIZE: usize = 4 << 10;
     pub const MAX_BUFFER_SIZE: usize = 16 << 20;
-    pub const DEFAULT_BUFFERS: usize = 256;
+    pub const DEFAULT_BUFFERS: usize = 1024;
     pub const MAX_BUFFERS: usize = 65536;
 }
 

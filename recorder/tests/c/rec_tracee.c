@@ -56,6 +56,19 @@ __attribute__((noinline)) long rec_deep(long n) { return n > 0 ? rec_deep(n - 1)
 
 __attribute__((noinline)) void rec_crash(volatile int *p) { rec_before(); *p = 1; }
 
+static pthread_barrier_t many_barrier;
+
+/* One leaf call before the barrier (the thread holds a buffer), three after. */
+__attribute__((noinline)) void *rec_many_worker(void *arg)
+{
+    __atomic_add_fetch(&n_worker, 1, __ATOMIC_RELAXED);
+    rec_leaf(1);
+    pthread_barrier_wait(&many_barrier);
+    for (int i = 0; i < 3; i++)
+        rec_leaf(i);
+    return arg;
+}
+
 static volatile int spinning_stop;
 static long n_spun[2];
 
@@ -235,6 +248,24 @@ int main(int argc, char **argv)
         rec_worker((void *)5);
         for (int i = 0; i < 4; i++)
             pthread_join(t[i], NULL);
+        counts();
+        return 0;
+    }
+    if (!strcmp(mode, "many-threads")) {
+        /* N threads alive at once (a barrier holds them), each with events
+         * in its buffer: more than the pool's old default of 256 buffers. */
+        int n = argc > 2 ? atoi(argv[2]) : 300;
+        pthread_t *t = calloc(n, sizeof *t);
+        pthread_barrier_init(&many_barrier, NULL, n + 1);
+        for (long i = 0; i < n; i++)
+            if (pthread_create(&t[i], NULL, rec_many_worker, NULL)) {
+                perror("pthread_create");
+                return 1;
+            }
+        pthread_barrier_wait(&many_barrier);
+        for (int i = 0; i < n; i++)
+            pthread_join(t[i], NULL);
+        free(t);
         counts();
         return 0;
     }
