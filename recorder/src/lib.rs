@@ -10,7 +10,8 @@
 //! `unsafe` here: the pool's buffers and thread slots (`pool.rs`), the id
 //! table (`ids.rs`), signal/atfork/exit handlers (`session.rs`), the
 //! exported constructor and `exec*`/`_exit` interposers (this file and the
-//! variadic ones in `execl.rs`), each with the reason it is sound.
+//! variadic ones in `execl.rs`), the trace files' descriptors
+//! (`tracefile.rs`), each with the reason it is sound.
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod execl;
@@ -18,6 +19,7 @@ pub mod ids;
 pub mod options;
 pub mod pool;
 pub mod session;
+pub mod tracefile;
 pub mod tracer;
 
 use std::ffi::{c_char, c_int};

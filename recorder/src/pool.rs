@@ -24,6 +24,7 @@
 //! thread per chunk, the exit/exec/crash flush for the whole flush, so
 //! chunks of one thread reach the file in `seq` order.
 
+use crate::tracefile::TraceFile;
 use ftramp_trace::format::{ChunkHeader, Event, CHUNK_HEADER_SIZE};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, Ordering::*};
@@ -150,14 +151,14 @@ impl Pool {
         best.map(|(_, i)| i)
     }
 
-    /// Writes the oldest FULL buffer to `fd` and frees it; false when none
-    /// is FULL.  The caller holds the [`IoLock`].
-    pub fn write_one(&self, fd: i32) -> bool {
+    /// Writes the oldest FULL buffer to `out` and frees it; false when
+    /// none is FULL.  The caller holds the [`IoLock`].
+    pub fn write_one(&self, out: &TraceFile) -> bool {
         let Some(i) = self.oldest_full() else {
             return false;
         };
         let len = CHUNK_HEADER_SIZE + chunk_len(self.buf(i));
-        write_all(fd, self.bytes(i, len));
+        out.write_chunk(self.bytes(i, len));
         self.states[i].store(FREE, Release);
         true
     }
@@ -663,15 +664,15 @@ impl IoLock {
     }
 }
 
-/// Writes everything recorded so far to `fd`: the FULL buffers in order,
+/// Writes everything recorded so far to `out`: the FULL buffers in order,
 /// then each thread's partial buffer (flag FLUSH), and leaves every slot
 /// with an empty buffer and no room: the final flush (exit, crash, exec);
 /// threads cannot record any more until [`reopen`].  The caller holds the
 /// [`IoLock`].  Async-signal-safe (no allocation, no locks).
-pub fn flush_all(fd: i32) {
+pub fn flush_all(out: &TraceFile) {
     let Some(pool) = Pool::get() else { return };
     STOPPED.store(true, SeqCst);
-    while pool.write_one(fd) {}
+    while pool.write_one(out) {}
     for slot in SLOTS.iter().filter(|s| s.in_use.load(Acquire) != 0) {
         // Wait a little for a thread in its slow path (it may be handing
         // off a buffer); a thread interrupted there by this very signal
@@ -705,21 +706,18 @@ pub fn flush_all(fd: i32) {
                     time: slot.prev.load(Relaxed),
                 }
                 .encode();
-                write_all(fd, &h);
+                out.write_chunk(&h);
             }
         }
         if let Some(b) = slot.seal(pool, ftramp_trace::format::FLAG_FLUSH) {
-            write_all(
-                fd,
-                pool.bytes(b, CHUNK_HEADER_SIZE + chunk_len(pool.buf(b))),
-            );
+            out.write_chunk(pool.bytes(b, CHUNK_HEADER_SIZE + chunk_len(pool.buf(b))));
             // The same buffer, emptied (events after this point go into it
             // if the process goes on).
             slot.take(pool, b, ftramp_runtime::clock::ticks());
             slot.set_cap(0, SeqCst);
         }
     }
-    while pool.write_one(fd) {}
+    while pool.write_one(out) {}
 }
 
 /// Undoes the `close` of [`flush_all`] (an `exec` that failed).

@@ -5,6 +5,7 @@
 use crate::ids::{self, IdTable, NEXT_ID, OV_COUNT};
 use crate::options::{Options, Tracer};
 use crate::pool::{self, Pool, IO_LOCK};
+use crate::tracefile::{self, TraceFile};
 use crate::tracer;
 use ftramp_runtime::clock;
 use ftramp_runtime::fgraph::{self, Fgraph};
@@ -16,15 +17,15 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::os::fd::IntoRawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 static PID: AtomicU32 = AtomicU32::new(0);
 static IMAGE: AtomicU32 = AtomicU32::new(0);
-static DAT_FD: AtomicI32 = AtomicI32::new(-1);
-static SYM_FD: AtomicI32 = AtomicI32::new(-1);
-static INFO_FD: AtomicI32 = AtomicI32::new(-1);
+static DAT: TraceFile = TraceFile::new();
+static SYM: TraceFile = TraceFile::new();
+static INFO: TraceFile = TraceFile::new();
 /// Set once the final lines (`lost`, `exit`) are in `.info`.
 static FINISHED: AtomicBool = AtomicBool::new(false);
 /// `.info` length before the exec lines (undone if the exec fails).
@@ -178,7 +179,7 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
             .create(true)
             .truncate(false)
             .open(&path)
-            .map(|f| f.into_raw_fd())
+            .map(|f| (f.into_raw_fd(), path.clone()))
             .map_err(|e| format!("cannot create {}: {e}", path.display()))
     };
     let sym = open("sym")?;
@@ -211,23 +212,19 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
         toml_u64(c.base_ticks),
         toml_u64(c.base_ns)
     );
-    let info_fd = info.into_raw_fd();
-    pool::write_all(info_fd, text.as_bytes());
+    let info = (info.into_raw_fd(), dir.join(task_file_name(pid, n, "info")));
+    for (file, (fd, path)) in [(&INFO, info), (&SYM, sym), (&DAT, dat)] {
+        file.install(fd, &path);
+    }
+    INFO.write_all(text.as_bytes());
     PID.store(pid, Relaxed);
     IMAGE.store(n, Relaxed);
-    for (a, fd) in [(&INFO_FD, info_fd), (&SYM_FD, sym), (&DAT_FD, dat)] {
-        let old = a.swap(fd, Relaxed);
-        if old >= 0 {
-            // SAFETY: closing a descriptor this module opened (the parent's, in a fork child).
-            unsafe { libc::close(old) };
-        }
-    }
     FINISHED.store(false, Relaxed);
     Ok(())
 }
 
 fn append_info(s: &str) {
-    pool::write_all(INFO_FD.load(Relaxed), s.as_bytes());
+    INFO.write_all(s.as_bytes());
 }
 
 /// The patch sites of `modules`, and the sites discovery refused because
@@ -308,7 +305,7 @@ fn write_syms(st: &mut State) {
         st.written += 1;
     }
     if !text.is_empty() {
-        pool::write_all(SYM_FD.load(Relaxed), text.as_bytes());
+        SYM.write_all(text.as_bytes());
     }
 }
 
@@ -495,7 +492,7 @@ fn writer_loop(epoch: usize) {
         let mut wrote = false;
         if let Some(pool) = Pool::get() {
             while IO_LOCK.try_lock() {
-                let did = pool.write_one(DAT_FD.load(Relaxed));
+                let did = pool.write_one(&DAT);
                 IO_LOCK.unlock();
                 if !did {
                     break;
@@ -518,19 +515,19 @@ fn writer_loop(epoch: usize) {
 // `lost` and `exit` to `.info` (once).
 
 /// A small stack buffer for messages built inside signal handlers.
-struct StackBuf {
+pub(crate) struct StackBuf {
     buf: [u8; 512],
     len: usize,
 }
 
 impl StackBuf {
-    fn new() -> StackBuf {
+    pub(crate) fn new() -> StackBuf {
         StackBuf {
             buf: [0; 512],
             len: 0,
         }
     }
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
 }
@@ -579,7 +576,7 @@ fn finish(ending: Ending, tries: u32) -> bool {
         return false;
     }
     let locked = IO_LOCK.lock_for(tries);
-    pool::flush_all(DAT_FD.load(Relaxed));
+    pool::flush_all(&DAT);
     // Events the buffers could not take, and calls left untraced because
     // a shadow stack was full (their entries and exits are lost too).
     let (dropped, missed) = (pool::lost_total(), fgraph::misses());
@@ -587,14 +584,11 @@ fn finish(ending: Ending, tries: u32) -> bool {
     // (a signal handler interrupting a callback): fgraph's recursion guard
     // leaves them untraced.
     let nested = fgraph::recursion_misses();
-    let lost = dropped + 2 * missed + 2 * nested;
-    let info = INFO_FD.load(Relaxed);
+    // And events whose chunk could not be written (reported below).
+    let lost = dropped + 2 * missed + 2 * nested + tracefile::failed_events();
     if let Ending::Exec = ending {
-        // SAFETY: fstat fills the struct we own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::fstat(info, &mut st) } == 0 {
-            INFO_LEN_BEFORE_EXEC.store(st.st_size as u64, Relaxed);
+        if let Some(size) = INFO.size() {
+            INFO_LEN_BEFORE_EXEC.store(size, Relaxed);
         }
     }
     let mut b = StackBuf::new();
@@ -604,7 +598,10 @@ fn finish(ending: Ending, tries: u32) -> bool {
         Ending::Signal(s) => writeln!(b, "exit = \"signal {s} ({})\"", signal_name(s)),
         Ending::Exec => writeln!(b, "exit = \"exec\""),
     };
-    pool::write_all(info, b.bytes());
+    INFO.write_all(b.bytes());
+    if !matches!(ending, Ending::Exec) {
+        tracefile::report_failures(pid);
+    }
     if dropped > 0 && !matches!(ending, Ending::Exec) {
         let mut m = StackBuf::new();
         let _ = writeln!(
@@ -682,8 +679,8 @@ pub fn before_exec() -> bool {
 /// The exec failed: the image goes on recording.
 pub fn exec_failed() {
     let len = INFO_LEN_BEFORE_EXEC.load(Relaxed);
-    // SAFETY: shrinking our own file back to before the exec lines.
-    unsafe { libc::ftruncate(INFO_FD.load(Relaxed), len as libc::off_t) };
+    // Back to before the exec lines.
+    INFO.truncate(len);
     pool::reopen();
     FINISHED.store(false, SeqCst);
     IO_LOCK.unlock();

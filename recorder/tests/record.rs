@@ -395,6 +395,75 @@ fn many_live_threads_lose_nothing_by_default() {
     assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("{} events lost", p.lost)));
 }
 
+/// A program that closes every descriptor above 2 and then fills the whole
+/// table (limit 1024) with its own file, the trace files' numbers
+/// included, while it calls traced functions: its file holds only its
+/// data, and the trace chunks that could not be written then (the trace
+/// file cannot be reopened with no number free) are counted as lost and
+/// reported, never written into the program's file or dropped silently.
+/// Small buffers, so that chunks are written meanwhile.
+#[test]
+fn a_program_filling_the_descriptor_table_keeps_its_file_and_the_losses_are_reported() {
+    let out_file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("close-fds.out");
+    let dir = trace_dir("close-fds", "function_graph");
+    let out = record(
+        &dir,
+        &built().tracee,
+        &["close-fds", out_file.to_str().unwrap(), "1023"],
+        &[("FTRAMP_BUFFER_SIZE", "4K")],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = &counters(&out.stdout)[0];
+    assert_eq!(want["first_fd"], 3, "the program's descriptors are as untraced");
+    assert_eq!(std::fs::read_to_string(&out_file).unwrap(), "the program's own data\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("to the trace failed (EMFILE") && stderr.contains("the trace is incomplete"),
+        "{stderr}"
+    );
+    let p = &open(&dir).processes[0];
+    let recorded: u64 = p.threads.iter().map(|t| t.events.len() as u64).sum();
+    // main, counts and the leaves, entry and exit each.
+    let all = 2 * (want["rec_leaf"] + 2);
+    assert!(p.lost > 0 && recorded < all, "{recorded} {}", p.lost);
+    assert_eq!(recorded + p.lost, all, "every event recorded or counted");
+}
+
+/// The trace files do not take the low descriptor numbers: a program's
+/// first `open` returns what it returns untraced.
+#[test]
+fn the_programs_descriptors_are_as_untraced() {
+    let b = built();
+    let untraced = match qemu() {
+        None => Command::new(&b.tracee).arg("first-fd").output().unwrap(),
+        Some(q) => Command::new(&q[0]).args(&q[1..]).arg(&b.tracee).arg("first-fd").output().unwrap(),
+    };
+    let plain = counters(&untraced.stdout)[0]["first_fd"];
+    let dir = trace_dir("first-fd", "function_graph");
+    let out = record(&dir, &b.tracee, &["first-fd"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(counters(&out.stdout)[0]["first_fd"], plain);
+    assert_eq!(count(&per_function(&open(&dir).processes[0]), "rec_leaf"), (1, 1));
+}
+
+/// The same without filling the table: every event is recorded, none in
+/// the program's file (which holds the trace files' old numbers while the
+/// writer writes).
+#[test]
+fn a_program_closing_every_descriptor_loses_nothing() {
+    let out_file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("close-fds-2.out");
+    let dir = trace_dir("close-fds-2", "function_graph");
+    let out = record(&dir, &built().tracee, &["close-fds", out_file.to_str().unwrap(), "800"], &[("FTRAMP_BUFFER_SIZE", "4K")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = &counters(&out.stdout)[0];
+    assert_eq!(want["first_fd"], 3);
+    assert_eq!(std::fs::read_to_string(&out_file).unwrap(), "the program's own data\n");
+    let p = &open(&dir).processes[0];
+    assert_eq!(p.lost, 0);
+    assert_eq!(count(&per_function(p), "rec_leaf"), (want["rec_leaf"], want["rec_leaf"]));
+    assert_eq!(count(&per_function(p), "main"), (1, 1));
+}
+
 /// Signal handlers calling traced functions while the program (and now
 /// and then the recorder) is inside traced calls: their calls nest in the
 /// trace, and the ones fgraph's recursion guard had to leave untraced are

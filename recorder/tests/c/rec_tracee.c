@@ -3,12 +3,14 @@
  * call counters ("name count" lines) so the tests can check the trace. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -325,6 +327,47 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "alarm-jump")) {
         alarm_jumps(200, 1000);
         printf("rec_tail %ld\nrec_alarm_jumps %ld\n", n_tail, n_alarm_jumps);
+        return 0;
+    }
+    if (!strcmp(mode, "first-fd")) {
+        /* The descriptor a program's first open gets. */
+        int f = open("/dev/null", O_RDONLY);
+        printf("first_fd %d\n", f);
+        rec_leaf(f);
+        counts();
+        return 0;
+    }
+    if (!strcmp(mode, "close-fds")) {
+        /* A daemon's start: close every descriptor above 2, then open files
+         * of its own, here onto every number up to FILL (the trace's files
+         * were somewhere among them), and call traced functions; each file
+         * must end up holding its own data only.  Prints the first
+         * descriptor an open returns after the closes. */
+        int fill = argc > 3 ? atoi(argv[3]) : 0;
+        if (fill >= 1023) {
+            /* The usual limit, so that the table is full. */
+            struct rlimit rl;
+            getrlimit(RLIMIT_NOFILE, &rl);
+            rl.rlim_cur = 1024;
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
+        int f = open(argv[2], O_CREAT | O_TRUNC | O_WRONLY | O_APPEND, 0644);
+        printf("first_fd %d\n", f);
+        for (int fd = f + 1; fd <= fill; fd++)
+            if (dup2(f, fd) < 0)
+                break;
+        for (long i = 0; i < 20000; i++)
+            rec_leaf(i);
+        /* The writer thread (it polls every millisecond) writes the full
+         * chunks while the program holds the numbers. */
+        usleep(200000);
+        static const char data[] = "the program's own data\n";
+        write(f, data, sizeof data - 1);
+        for (int fd = 3; fd <= (fill > f ? fill : f); fd++)
+            close(fd);
+        counts();
         return 0;
     }
     if (!strcmp(mode, "loop")) {

@@ -1,0 +1,282 @@
+//! The descriptors of the trace files (`.info`, `.sym`, `.dat`), kept out of
+//! the program's way and checked before every write.
+//!
+//! The program must see the descriptors it would see untraced, and must not
+//! receive trace bytes in its own files:
+//!
+//! * The files are opened at a high descriptor number (`F_DUPFD_CLOEXEC`
+//!   from three quarters of `RLIMIT_NOFILE`, at most 768), not at the lowest
+//!   free one: a program's first `open` still returns 3, as untraced.
+//! * A program may close every descriptor above 2 (daemons, `closefrom`,
+//!   `close_range`) and open its own files, which may get the number of a
+//!   trace file. Each write first checks with `fstat` that the descriptor
+//!   is still the file it opened (device and inode), and otherwise reopens
+//!   the file by its path (`O_APPEND`, so nothing written is overwritten)
+//!   at a new high number, leaving the old number to the program. Left: a
+//!   program that closes a trace descriptor and reuses its number between
+//!   that check and the write, a window of one system call.
+//! * A write that still fails (disk full, the directory removed) is counted,
+//!   with its error, and reported at the end ([`report_failures`]), never
+//!   silently dropped.
+//!
+//! Everything here is async-signal-safe (system calls and atomics, no
+//! allocation after [`TraceFile::install`]): the crash flush writes from a
+//! signal handler.
+
+use std::ffi::{c_char, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
+
+/// One trace file of this process image.
+pub struct TraceFile {
+    fd: AtomicI32,
+    dev: AtomicU64,
+    ino: AtomicU64,
+    /// The file's path, for a reopen (leaked: a few per process image).
+    path: AtomicPtr<c_char>,
+}
+
+/// Writes that failed after the reopen, their bytes, and the first error.
+static FAILED_WRITES: AtomicU64 = AtomicU64::new(0);
+static FAILED_BYTES: AtomicU64 = AtomicU64::new(0);
+static FIRST_ERRNO: AtomicI32 = AtomicI32::new(0);
+/// Events in `.dat` chunks whose write failed.
+static FAILED_EVENTS: AtomicU64 = AtomicU64::new(0);
+/// Times a trace file was found closed or replaced by the program.
+static REOPENED: AtomicU64 = AtomicU64::new(0);
+
+impl Default for TraceFile {
+    fn default() -> TraceFile {
+        TraceFile::new()
+    }
+}
+
+impl TraceFile {
+    pub const fn new() -> TraceFile {
+        TraceFile {
+            fd: AtomicI32::new(-1),
+            dev: AtomicU64::new(0),
+            ino: AtomicU64::new(0),
+            path: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// Takes `fd`, open on `path`, moved to a high number; closes the
+    /// previous one (the parent's, in a fork child).
+    pub fn install(&self, fd: i32, path: &Path) {
+        let fd = move_high(fd);
+        let (dev, ino) = identity(fd).unwrap_or((0, 0));
+        let c = CString::new(path.as_os_str().as_bytes()).unwrap_or_default();
+        self.path.store(c.into_raw(), Release);
+        self.dev.store(dev, Relaxed);
+        self.ino.store(ino, Relaxed);
+        let old = self.fd.swap(fd, AcqRel);
+        if old >= 0 && old != fd {
+            // SAFETY: closing a descriptor this module opened: the parent's
+            // trace file, in a fork child, where nothing else has run yet.
+            unsafe { libc::close(old) };
+        }
+    }
+
+    /// The descriptor, checked to be the file opened (reopened if the
+    /// program closed or replaced it); -1 when it cannot be reopened.
+    pub fn fd(&self) -> i32 {
+        let fd = self.fd.load(Acquire);
+        if fd >= 0 && identity(fd) == Some((self.dev.load(Relaxed), self.ino.load(Relaxed))) {
+            return fd;
+        }
+        let p = self.path.load(Acquire);
+        if p.is_null() {
+            return -1;
+        }
+        // SAFETY: `p` is a NUL-terminated path leaked by `install`, never
+        // freed.
+        let nfd = unsafe { libc::open(p, libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC) };
+        if nfd < 0 {
+            return -1;
+        }
+        let nfd = move_high(nfd);
+        let (dev, ino) = identity(nfd).unwrap_or((0, 0));
+        self.dev.store(dev, Relaxed);
+        self.ino.store(ino, Relaxed);
+        // The old number is the program's now (or closed): not closed here.
+        self.fd.store(nfd, Release);
+        REOPENED.fetch_add(1, Relaxed);
+        nfd
+    }
+
+    /// Writes all of `bytes` (checked descriptor); a failure is counted.
+    pub fn write_all(&self, bytes: &[u8]) -> bool {
+        let fd = self.fd();
+        let ok = fd >= 0 && crate::pool::write_all(fd, bytes);
+        if !ok {
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            let _ = FIRST_ERRNO.compare_exchange(0, e, Relaxed, Relaxed);
+            FAILED_WRITES.fetch_add(1, Relaxed);
+            FAILED_BYTES.fetch_add(bytes.len() as u64, Relaxed);
+        }
+        ok
+    }
+
+    /// Writes one `.dat` chunk (header and payload); the events of a chunk
+    /// that cannot be written count as lost ([`failed_events`]).
+    pub fn write_chunk(&self, chunk: &[u8]) -> bool {
+        let ok = self.write_all(chunk);
+        if !ok {
+            let events = chunk.len().saturating_sub(ftramp_trace::format::CHUNK_HEADER_SIZE) / 8;
+            FAILED_EVENTS.fetch_add(events as u64, Relaxed);
+        }
+        ok
+    }
+
+    /// `ftruncate` of the checked descriptor.
+    pub fn truncate(&self, len: u64) {
+        // SAFETY: shrinking our own file.
+        unsafe { libc::ftruncate(self.fd(), len as libc::off_t) };
+    }
+
+    /// The file's size, if it can be read.
+    pub fn size(&self) -> Option<u64> {
+        // SAFETY: fstat fills the struct we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        (unsafe { libc::fstat(self.fd(), &mut st) } == 0).then_some(st.st_size as u64)
+    }
+}
+
+/// Device and inode of `fd`, or None if it is not open.
+fn identity(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: fstat fills the struct we own; a bad fd only fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev as u64, st.st_ino as u64))
+}
+
+/// The lowest number trace files are moved to: three quarters of the
+/// descriptor limit, at most 768 (a higher number would make the kernel
+/// grow every process's descriptor table to it).
+fn high_base() -> i32 {
+    // SAFETY: getrlimit fills the struct we own.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 { rl.rlim_cur } else { 1024 };
+    (soft.min(1024) * 3 / 4).max(3) as i32
+}
+
+/// `fd` moved to the first free number at or above [`high_base`], closed
+/// at its old number; `fd` itself if that fails (no free number there).
+fn move_high(fd: i32) -> i32 {
+    // SAFETY: duplicating a descriptor we own.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_base()) };
+    if high < 0 {
+        return fd;
+    }
+    // SAFETY: closing our own low duplicate.
+    unsafe { libc::close(fd) };
+    high
+}
+
+/// The end-of-image report of trace writes that failed and of trace files
+/// the program closed (async-signal-safe: a fixed buffer, no allocation).
+pub fn report_failures(pid: u32) {
+    let (n, bytes, errno) = (FAILED_WRITES.load(Relaxed), FAILED_BYTES.load(Relaxed), FIRST_ERRNO.load(Relaxed));
+    if n > 0 {
+        let mut m = crate::session::StackBuf::new();
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            m,
+            "ftramp record: pid {pid}: {n} writes ({bytes} bytes, {} events) to the trace failed ({}); the trace is incomplete",
+            FAILED_EVENTS.load(Relaxed),
+            errno_name(errno)
+        );
+        crate::pool::write_all(2, m.bytes());
+    }
+}
+
+/// Events lost because their chunk could not be written.
+pub fn failed_events() -> u64 {
+    FAILED_EVENTS.load(Relaxed)
+}
+
+/// Times a trace file was reopened because the program closed or replaced
+/// its descriptor (for tests).
+pub fn reopened() -> u64 {
+    REOPENED.load(Relaxed)
+}
+
+/// A name for the errors a trace write meets, without `strerror` (which
+/// is not async-signal-safe).
+fn errno_name(e: i32) -> &'static str {
+    match e {
+        libc::ENOSPC => "ENOSPC: no space left on the device",
+        libc::EDQUOT => "EDQUOT: disk quota exceeded",
+        libc::EFBIG => "EFBIG: file too large",
+        libc::EIO => "EIO: input/output error",
+        libc::EBADF => "EBADF: the trace file could not be reopened",
+        libc::ENOENT => "ENOENT: the trace directory was removed",
+        libc::EACCES => "EACCES: permission denied",
+        libc::EROFS => "EROFS: read-only file system",
+        libc::EMFILE => "EMFILE: too many open files",
+        _ => "an I/O error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::IntoRawFd;
+
+    fn temp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("ftramp-tracefile-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&d);
+        d
+    }
+
+    #[test]
+    fn opens_high_and_survives_the_program_closing_it() {
+        let p = temp("a");
+        let f = std::fs::OpenOptions::new().append(true).create(true).open(&p).unwrap();
+        let t = TraceFile::new();
+        t.install(f.into_raw_fd(), &p);
+        let fd = t.fd.load(Relaxed);
+        assert!(fd >= high_base(), "{fd}");
+        assert!(t.write_all(b"one\n"));
+        // The program closes it and opens a file of its own at that number.
+        let other = temp("other");
+        // SAFETY: (test) closing the trace descriptor as a program would.
+        unsafe { libc::close(fd) };
+        let o = std::fs::File::create(&other).unwrap().into_raw_fd();
+        // SAFETY: (test) moving the program's file onto the old number.
+        assert_eq!(unsafe { libc::dup2(o, fd) }, fd);
+        let before = reopened();
+        assert!(t.write_all(b"two\n"));
+        assert!(reopened() > before);
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\ntwo\n");
+        assert_eq!(std::fs::read_to_string(&other).unwrap(), "", "nothing of the trace in the program's file");
+        // SAFETY: (test) closing the test's descriptors.
+        unsafe {
+            libc::close(fd);
+            libc::close(o);
+            libc::close(t.fd.load(Relaxed));
+        }
+        let _ = std::fs::remove_file(&p);
+        let _ = std::fs::remove_file(&other);
+    }
+
+    #[test]
+    fn a_write_that_cannot_be_done_is_counted() {
+        let p = temp("gone");
+        let f = std::fs::OpenOptions::new().append(true).create(true).open(&p).unwrap();
+        let t = TraceFile::new();
+        t.install(f.into_raw_fd(), &p);
+        let fd = t.fd.load(Relaxed);
+        // SAFETY: (test) the program closes it, and the file is gone.
+        unsafe { libc::close(fd) };
+        std::fs::remove_file(&p).unwrap();
+        let before = FAILED_WRITES.load(Relaxed);
+        assert!(!t.write_all(b"lost\n"));
+        assert_eq!(FAILED_WRITES.load(Relaxed), before + 1);
+        assert_ne!(FIRST_ERRNO.load(Relaxed), 0);
+    }
+}
