@@ -378,17 +378,38 @@ static SLOTS: [Slot; MAX_THREADS] = [const { Slot::new() }; MAX_THREADS];
 /// Call depths whose function id (and entry time) a thread keeps.
 pub const DEPTH_SLOTS: usize = 256;
 
-/// The tracing path's per-thread state, in one thread-local so that a
-/// callback pays for one TLS lookup (`__tls_get_addr`: this is a shared
-/// library): the thread's slot, and per call depth the function id entered
-/// there (the exit reads it instead of looking the site up again) and its
-/// entry time (deferred ENTRYs with a minimum duration).  In this order
-/// (`repr(C)`): what every callback reads, then the ids of the shallow
-/// depths, on the same cache line.
+/// Per call depth, the function id entered there (the exit reads it
+/// instead of looking the site up again) and its entry time (deferred
+/// ENTRYs with a minimum duration): 3 KB per thread, kept with the
+/// thread's slot ([`DEPTHS`]) rather than in its thread-local [`Local`].
+/// glibc carves every library's static TLS out of each thread's stack, so
+/// 3 KB there took 3 KB from every thread of the program, 22 % of a
+/// `PTHREAD_STACK_MIN` stack (test `small_thread_stacks_keep_their_room`).
+/// Atomics for `Sync`; only the slot's thread touches them (relaxed:
+/// plain loads and stores).
+pub struct Depths {
+    pub ids: [AtomicU32; DEPTH_SLOTS],
+    pub times: [AtomicU64; DEPTH_SLOTS],
+}
+
+/// The [`Depths`] of each slot (same index as [`SLOTS`]).
+static DEPTHS: [Depths; MAX_THREADS] = [const {
+    Depths {
+        ids: [const { AtomicU32::new(0) }; DEPTH_SLOTS],
+        times: [const { AtomicU64::new(0) }; DEPTH_SLOTS],
+    }
+}; MAX_THREADS];
+
+/// The tracing path's per-thread state, in one small thread-local so that
+/// a callback pays for one TLS lookup (`__tls_get_addr`: this is a shared
+/// library): the thread's slot and its [`Depths`], then the depth counts,
+/// on one cache line (`repr(C)`).
 #[repr(C)]
 pub struct Local {
     /// This thread's slot (null until its first event).
     cur: Cell<*const Slot>,
+    /// The slot's [`Depths`] (null while `cur` is).
+    depths: Cell<*const Depths>,
     /// function_graph without a minimum duration: calls with an ENTRY
     /// written and no EXIT yet (the fgraph depth after the last event).
     /// More than the depth of a new event means fgraph dropped frames
@@ -396,20 +417,37 @@ pub struct Local {
     pub open: Cell<usize>,
     /// Minimum duration: the frames at depths below this are written.
     pub written: Cell<usize>,
-    pub ids: [Cell<u32>; DEPTH_SLOTS],
-    pub times: [Cell<u64>; DEPTH_SLOTS],
 }
 
 thread_local! {
     static LOCAL: Local = const {
         Local {
             cur: Cell::new(std::ptr::null()),
-            ids: [const { Cell::new(0) }; DEPTH_SLOTS],
-            times: [const { Cell::new(0) }; DEPTH_SLOTS],
+            depths: Cell::new(std::ptr::null()),
             written: Cell::new(0),
             open: Cell::new(0),
         }
     };
+}
+
+impl Local {
+    /// The thread's [`Depths`], if it has a slot (no call).
+    #[inline(always)]
+    pub fn depths(&self) -> Option<&'static Depths> {
+        let p = self.depths.get();
+        // SAFETY: `depths` is null or points into DEPTHS (claim_slot).
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    /// [`Local::depths`], claiming the thread's slot first if it has none
+    /// (for notes made before the thread's first event); None when no slot
+    /// is free or the thread is exiting.
+    pub fn depths_claimed(&self) -> Option<&'static Depths> {
+        if self.cur.get().is_null() {
+            claim_slot(self)?;
+        }
+        self.depths()
+    }
 }
 
 /// This thread's [`Local`].
@@ -462,7 +500,10 @@ extern "C" fn release_slot_at_exit() {
     if gettid() == std::process::id() {
         return;
     }
-    let Ok(p) = LOCAL.try_with(|l| l.cur.replace(std::ptr::null())) else {
+    let Ok(p) = LOCAL.try_with(|l| {
+        l.depths.set(std::ptr::null());
+        l.cur.replace(std::ptr::null())
+    }) else {
         return;
     };
     if p.is_null() {
@@ -516,7 +557,24 @@ impl Local {
             return false;
         }
         // SAFETY: `cur` only ever points into SLOTS.
-        let slot = unsafe { &*p };
+        Self::try_emit_in(unsafe { &*p }, base, now)
+    }
+
+    /// [`Local::try_emit`] once [`Local::depths`] returned `Some`: the
+    /// thread has a slot then (`depths` is set after `cur` when a slot is
+    /// claimed and cleared before it when released), so `cur` is not
+    /// tested again.
+    #[inline(always)]
+    pub fn try_emit_slotted(&self, base: u64, now: u64) -> bool {
+        let p = self.cur.get();
+        debug_assert!(!p.is_null());
+        // SAFETY: `cur` only ever points into SLOTS, and is not null here
+        // (above).
+        Self::try_emit_in(unsafe { &*p }, base, now)
+    }
+
+    #[inline(always)]
+    fn try_emit_in(slot: &Slot, base: u64, now: u64) -> bool {
         let wp = slot.wp.load(Relaxed);
         if wp >= slot.end.load(Relaxed) {
             return false;
@@ -623,13 +681,15 @@ fn claim_slot(local: &Local) -> Option<&'static Slot> {
     if !ftramp_runtime::thread::arm() {
         return None;
     }
-    let slot = SLOTS
+    let (i, slot) = SLOTS
         .iter()
-        .find(|s| s.in_use.compare_exchange(0, 1, Acquire, Relaxed).is_ok())?;
+        .enumerate()
+        .find(|(_, s)| s.in_use.compare_exchange(0, 1, Acquire, Relaxed).is_ok())?;
     slot.clear();
     slot.tid.store(gettid(), Relaxed);
     slot.busy.store(IDLE, Relaxed);
     local.cur.set(slot);
+    local.depths.set(&DEPTHS[i]);
     Some(slot)
 }
 

@@ -89,13 +89,13 @@ extern "C" fn graph_entry(ent: &GraphEnt, user: &Fgraph, _regs: &mut FtraceRegs)
     if d < user.private {
         if let Some(l) = local_if_cached(ent.task_var(user)) {
             if l.open.get() <= d {
-                if let Some(id) = lookup_published(ent.func) {
+                if let (Some(id), Some(dp)) = (lookup_published(ent.func), l.depths()) {
                     // SAFETY: d < user.private, which is FAST_DEPTH (only
                     // `graph_user` registers this callback), <= DEPTH_SLOTS,
                     // the length of `ids`.
-                    unsafe { l.ids.get_unchecked(d) }.set(id);
+                    unsafe { dp.ids.get_unchecked(d) }.store(id, Relaxed);
                     let (base, now) = (Event::entry(id, 0), fast_ticks());
-                    if l.try_emit(base, now) {
+                    if l.try_emit_slotted(base, now) {
                         l.open.set(d + 1);
                         return true;
                     }
@@ -135,21 +135,24 @@ extern "C" fn graph_entry_slow(ent: &GraphEnt, user: &Fgraph) -> bool {
         l.lose(1);
         return false;
     }
-    if let Some(c) = l.ids.get(d) {
-        c.set(id);
-    }
     if MIN_TICKS.load(Relaxed) == 0 {
         unwound_above(l, d, now);
+        // (The emit claims the thread's slot, which holds its depths.)
         l.emit(Event::entry(id, 0), now);
+        if let Some(c) = l.depths().and_then(|dp| dp.ids.get(d)) {
+            c.store(id, Relaxed);
+        }
         l.open.set(d + 1);
         return true;
     }
-    let Some(t) = l.times.get(d) else {
-        // Too deep to keep pending.
+    // Too deep to keep pending, or no slot (none free, or the thread is
+    // exiting): counted.
+    let Some((c, t)) = l.depths_claimed().and_then(|dp| Some((dp.ids.get(d)?, dp.times.get(d)?))) else {
         l.lose(1);
         return false;
     };
-    t.set(now);
+    c.store(id, Relaxed);
+    t.store(now, Relaxed);
     if l.written.get() > d {
         l.written.set(d);
     }
@@ -160,13 +163,13 @@ extern "C" fn graph_return(ret: &GraphRet, user: &Fgraph, _regs: &mut FtraceRegs
     let d = ret.depth;
     if d < user.private {
         if let Some(l) = local_if_cached(ret.task_var(user)) {
-            if l.open.get() <= d + 1 {
+            if let (true, Some(dp)) = (l.open.get() <= d + 1, l.depths()) {
                 // SAFETY: d < user.private, which is FAST_DEPTH (only
                 // `graph_user` registers this callback), <= DEPTH_SLOTS,
                 // the length of `ids`.
-                let id = unsafe { l.ids.get_unchecked(d) }.get();
+                let id = unsafe { dp.ids.get_unchecked(d) }.load(Relaxed);
                 let (base, now) = (Event::exit(id, 0), fast_ticks());
-                if l.try_emit(base, now) {
+                if l.try_emit_slotted(base, now) {
                     l.open.set(d);
                     return;
                 }
@@ -186,8 +189,8 @@ extern "C" fn graph_return_slow(ret: &GraphRet, user: &Fgraph) {
     let d = ret.depth;
     let l = local_cached(ret.task_var(user));
     // The id entered at this depth, which is this frame's.
-    let id = match l.ids.get(d) {
-        Some(c) => c.get(),
+    let id = match l.depths().and_then(|dp| dp.ids.get(d)) {
+        Some(c) => c.load(Relaxed),
         None => lookup(ret.func),
     };
     let min = MIN_TICKS.load(Relaxed);
@@ -200,14 +203,19 @@ extern "C" fn graph_return_slow(ret: &GraphRet, user: &Fgraph) {
     if d >= DEPTH_SLOTS {
         return;
     }
+    let Some(dp) = l.depths() else {
+        // Its entry had no slot either (counted there).
+        l.lose(1);
+        return;
+    };
     let w = l.written.get();
     if d < w {
         // Entered, and written because a descendant was long enough.
         l.emit(Event::exit(id, 0), now);
         l.written.set(d);
-    } else if now.wrapping_sub(l.times[d].get()) >= min {
+    } else if now.wrapping_sub(dp.times[d].load(Relaxed)) >= min {
         for i in w..=d {
-            l.emit(Event::entry(l.ids[i].get(), 0), l.times[i].get());
+            l.emit(Event::entry(dp.ids[i].load(Relaxed), 0), dp.times[i].load(Relaxed));
         }
         l.emit(Event::exit(id, 0), now);
         l.written.set(d);

@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <limits.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +59,22 @@ __attribute__((noinline)) void rec_child(void) { n_child++; rec_leaf(4); }
 __attribute__((noinline)) long rec_deep(long n) { return n > 0 ? rec_deep(n - 1) + 1 : 0; }
 
 __attribute__((noinline)) void rec_crash(volatile int *p) { rec_before(); *p = 1; }
+
+/* The room a PTHREAD_STACK_MIN thread has below its start routine (glibc
+ * takes the static TLS of every library out of a thread's stack). */
+__attribute__((noinline)) void *rec_stack_room(void *arg)
+{
+    pthread_attr_t at;
+    void *lo;
+    size_t size;
+    char here;
+    pthread_getattr_np(pthread_self(), &at);
+    pthread_attr_getstack(&at, &lo, &size);
+    pthread_attr_destroy(&at);
+    rec_leaf(1);
+    *(long *)arg = (long)((uintptr_t)&here - (uintptr_t)lo);
+    return NULL;
+}
 
 static pthread_barrier_t many_barrier;
 
@@ -327,6 +345,18 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "alarm-jump")) {
         alarm_jumps(200, 1000);
         printf("rec_tail %ld\nrec_alarm_jumps %ld\n", n_tail, n_alarm_jumps);
+        return 0;
+    }
+    if (!strcmp(mode, "stack-room")) {
+        pthread_attr_t at;
+        pthread_t t;
+        long room = 0;
+        pthread_attr_init(&at);
+        pthread_attr_setstacksize(&at, PTHREAD_STACK_MIN);
+        pthread_create(&t, &at, rec_stack_room, &room);
+        pthread_join(t, NULL);
+        printf("stack_room %ld\n", room);
+        counts();
         return 0;
     }
     if (!strcmp(mode, "first-fd")) {
