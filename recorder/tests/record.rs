@@ -877,6 +877,22 @@ fn dlopened_library_is_traced() {
     check_nesting(p);
 }
 
+/// Loading (and tracing) a library while other threads sleep in calls that
+/// Linux does not restart after a signal (`nanosleep`, `poll`) leaves them
+/// asleep, as untraced: the module refresh runs no grace period, whose
+/// signals would end those calls with EINTR (`grace::retire_lazily`).
+#[test]
+fn dlopen_does_not_wake_sleeping_threads() {
+    let b = built();
+    let (dir, out) = record_tracee("dlopen-sleepers", "function_graph", &["dlopen-sleepers", b.lib.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = &counters(&out.stdout)[0];
+    assert_eq!((want["eintr_sleep"], want["eintr_poll"]), (0, 0));
+    let got = per_function(&open(&dir).processes[0]);
+    assert_eq!(count(&got, "reclib_sum"), (1, 1), "the library was traced: {got:?}");
+    assert_eq!(count(&got, "rec_sleeper"), (1, 1));
+}
+
 #[test]
 fn dlopened_library_with_a_filter() {
     let b = built();

@@ -100,6 +100,15 @@ pub struct SiteTable {
     pub entries: Vec<(usize, Vec<Arc<Ops>>)>,
 }
 
+impl SiteTable {
+    /// Heap bytes the table holds, about (for deferring its free).
+    pub fn approx_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.entries.capacity() * std::mem::size_of::<(usize, Vec<Arc<Ops>>)>()
+            + self.entries.iter().map(|(_, v)| v.capacity() * std::mem::size_of::<Arc<Ops>>()).sum::<usize>()
+    }
+}
+
 static TABLE: AtomicPtr<SiteTable> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Publishes `table`; returns the previous one, which the caller must keep

@@ -527,7 +527,7 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     // matching functions of modules loaded later.
     let filter = if all != 0 { Filter::new() } else { filters.iter().fold(Filter::new(), |f, u| f.union(u)) };
     ALL_MASK.store(all, Relaxed);
-    publish_masks(masks);
+    publish_masks(masks, false);
     let ops = Arc::new(Ops::new(graph_entry).filter(filter).raw_entry(graph_entry_listed));
     match r.ops.take() {
         Some(old) => {
@@ -545,13 +545,22 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     Ok(())
 }
 
-fn publish_masks(masks: Vec<(usize, u16)>) {
+/// Publishes the per-site bitmaps; the old ones are freed after a grace
+/// period, or (`lazy`: after a module change) by a later one
+/// ([`grace::retire_lazily`]: loading a library must not interrupt the
+/// program's sleeping threads).
+fn publish_masks(masks: Vec<(usize, u16)>, lazy: bool) {
     let old = MASKS.swap(Box::into_raw(Box::new(masks)), AcqRel);
     if !old.is_null() {
         // SAFETY: every pointer in MASKS came from Box::into_raw here and
         // the swap hands the old one back exactly once.
         let old = unsafe { Box::from_raw(old) };
-        let _ = grace::defer_free(old, &[]);
+        if lazy {
+            let bytes = old.capacity() * std::mem::size_of::<(usize, u16)>();
+            grace::retire_lazily(old, bytes);
+        } else {
+            let _ = grace::defer_free(old, &[]);
+        }
     }
 }
 
@@ -578,7 +587,7 @@ fn refresh_masks() {
         return;
     }
     let filters: Vec<std::sync::MutexGuard<'_, Filter>> = users.iter().map(|(_, u)| u.filter.lock().unwrap_or_else(|e| e.into_inner())).collect();
-    publish_masks(site_masks(&users, &filters));
+    publish_masks(site_masks(&users, &filters), true);
 }
 
 // ---------------------------------------------------------------------------

@@ -158,7 +158,9 @@ fn start_module_watch() {
                 }
                 if st.refresh().is_ok() {
                     if let Ok(Some(old)) = st.apply() {
-                        st.retire(vec![old], Vec::new());
+                        // No grace period of its own (see retire_lazily).
+                        let bytes = old.approx_bytes();
+                        grace::retire_lazily(old, bytes);
                     }
                     seen = now;
                     drop(st);

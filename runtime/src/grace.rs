@@ -978,6 +978,27 @@ pub fn retire<T: Send + 'static>(obj: T, code_ranges: &[Range<usize>]) {
     QUARANTINED_TOTAL.fetch_add(1, Relaxed);
 }
 
+/// Bytes [`retire_lazily`] may hold back before it runs a grace period.
+pub const LAZY_LIMIT: usize = 4 << 20;
+static LAZY_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// [`retire`] for data (no code) replaced because of something the program
+/// did — a `dlopen` or `dlclose` changes the site tables and fgraph's
+/// bitmaps — without a grace period of its own while the data retired so
+/// stays under [`LAZY_LIMIT`] bytes (`bytes`: the object's, about); past
+/// that, one grace period frees all of it, as does any other grace period
+/// before. A grace period signals every thread, and the blocking calls
+/// Linux does not restart (`nanosleep`, `poll`, `epoll_wait`, `select`, …)
+/// then return `EINTR` in the threads that were sleeping in them: loading a
+/// library must not do that to a program. Not inside dispatch (where the
+/// grace period past the limit is refused and the object stays retired).
+pub fn retire_lazily<T: Send + 'static>(obj: T, bytes: usize) {
+    retire(obj, &[]);
+    if LAZY_BYTES.fetch_add(bytes, Relaxed) + bytes > LAZY_LIMIT {
+        let _ = reclaim();
+    }
+}
+
 /// Waits for a grace period covering an unpublished object (and
 /// `code_ranges`), then drops it; if the grace period does not complete
 /// (timeout, called inside dispatch, failure) the object goes to the
@@ -1000,6 +1021,9 @@ pub fn reclaim() -> GraceResult {
 /// Drops the quarantined objects retired before sequence number `upto`
 /// (outside the lock: a drop may retire or synchronize again).
 fn release_quarantine(upto: u64) {
+    // (What retire_lazily held back is released below, but for objects
+    // retired meanwhile: the count restarts, a little low at worst.)
+    LAZY_BYTES.store(0, Relaxed);
     let released: Vec<Retired> = {
         let mut q = lock(&QUARANTINE);
         match q.items.first() {

@@ -3,7 +3,9 @@
  * call counters ("name count" lines) so the tests can check the trace. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <limits.h>
@@ -74,6 +76,27 @@ __attribute__((noinline)) void *rec_stack_room(void *arg)
     rec_leaf(1);
     *(long *)arg = (long)((uintptr_t)&here - (uintptr_t)lo);
     return NULL;
+}
+
+/* Threads sleeping in calls Linux does not restart after a signal handler
+ * (nanosleep, poll): counted when one returns EINTR. */
+static long n_eintr_sleep, n_eintr_poll;
+
+__attribute__((noinline)) void *rec_sleeper(void *arg)
+{
+    rec_leaf(1);
+    struct timespec ts = { 1, 0 };
+    if (nanosleep(&ts, NULL) != 0 && errno == EINTR)
+        __atomic_add_fetch(&n_eintr_sleep, 1, __ATOMIC_RELAXED);
+    return arg;
+}
+
+__attribute__((noinline)) void *rec_poller(void *arg)
+{
+    rec_leaf(2);
+    if (poll(NULL, 0, 1000) < 0 && errno == EINTR)
+        __atomic_add_fetch(&n_eintr_poll, 1, __ATOMIC_RELAXED);
+    return arg;
 }
 
 static pthread_barrier_t many_barrier;
@@ -502,6 +525,27 @@ int main(int argc, char **argv)
             rec_after();
         counts();
         rec_abort();
+        return 0;
+    }
+    if (!strcmp(mode, "dlopen-sleepers")) {
+        /* A library loaded (and traced) while two threads sleep. */
+        pthread_t t[2];
+        pthread_create(&t[0], NULL, rec_sleeper, NULL);
+        pthread_create(&t[1], NULL, rec_poller, NULL);
+        usleep(100000);
+        void *h = dlopen(argv[2], RTLD_NOW);
+        if (!h) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 2;
+        }
+        long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
+        for (int i = 0; i < 500 && !patched(f); i++)
+            usleep(1000);
+        f(20);
+        pthread_join(t[0], NULL);
+        pthread_join(t[1], NULL);
+        printf("eintr_sleep %ld\neintr_poll %ld\n", n_eintr_sleep, n_eintr_poll);
+        counts();
         return 0;
     }
     if (!strcmp(mode, "dlopen")) {
