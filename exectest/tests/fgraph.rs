@@ -174,6 +174,29 @@ fn two_users_keep_their_own_data() {
     assert_eq!((sb.entries.load(SeqCst), sb.rets.load(SeqCst), sb.bad.load(SeqCst)), (9, 9, 0));
 }
 
+/// `Fgraph::notrace` leaves functions out that the filter matches: for a
+/// lone user (called without bitmaps: the engine must leave those sites
+/// unpatched) and beside another user who traces them (the bitmaps decide).
+#[test]
+fn notrace_leaves_functions_out_alone_and_beside_another_user() {
+    let _l = lock();
+    let f = || Filter::new().symbol("tracee_nested").symbol("tracee_two");
+    let s = new_stats();
+    let a = Arc::new(Fgraph::new(data_entry, data_ret).filter(f()).notrace(Filter::new().glob("tracee_tw?").unwrap()).private(s as *const Stats as usize));
+    fgraph::register_fgraph(a.clone()).unwrap();
+    assert_eq!(tracee_nested(6), expect_nested(6));
+    assert_eq!(tracee_two(3, 4), 3004);
+    assert_eq!(s.entries.load(SeqCst), 7, "alone: tracee_two left out");
+    let (b, sb) = user(f());
+    fgraph::register_fgraph(b.clone()).unwrap();
+    assert_eq!(tracee_nested(6), expect_nested(6));
+    assert_eq!(tracee_two(3, 4), 3004);
+    fgraph::unregister_fgraph(&a).unwrap();
+    fgraph::unregister_fgraph(&b).unwrap();
+    assert_eq!((s.entries.load(SeqCst), s.rets.load(SeqCst), s.bad.load(SeqCst)), (14, 14, 0));
+    assert_eq!((sb.entries.load(SeqCst), sb.rets.load(SeqCst), sb.bad.load(SeqCst)), (8, 8, 0));
+}
+
 #[test]
 fn depths_and_a_local_value_from_entry_to_exit() {
     let _l = lock();

@@ -51,8 +51,6 @@ struct State {
     seen_ov: u32,
     /// The function_graph user.
     users: Vec<Arc<Fgraph>>,
-    /// Sites the newest user traces (filtered recording).
-    traced: std::collections::HashSet<usize>,
     ops: Option<Arc<Ops>>,
 }
 
@@ -111,7 +109,6 @@ fn start_with(opts: Options) -> Result<(), String> {
         seen_gen: sites::loader_generation(),
         seen_ov: 0,
         users: Vec::new(),
-        traced: Default::default(),
         ops: None,
     };
     let new = funcs(st.disc.modules());
@@ -331,7 +328,6 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
             && (filter.is_empty() || filter.matches(s))
             && !notrace.matches(s)
     };
-    let narrowed = opts.main_only || !opts.filter.is_empty() || !opts.notrace.is_empty();
     match opts.tracer {
         Tracer::Function => {
             // The engine applies globs to dlopened libraries by itself; the
@@ -365,52 +361,22 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
             if traced.is_empty() {
                 return Err("no function matches the filters".into());
             }
-            let f = if narrowed {
-                traced.iter().fold(Filter::new(), |f, &a| f.addr(a))
+            // The globs themselves, so that fgraph and the engine apply
+            // them to libraries loaded later (no filter change, and so no
+            // grace period, at a dlopen); the main-only restriction is a
+            // list of addresses, and loaded libraries are never in it.
+            let user = if opts.main_only {
+                tracer::graph_user().filter(traced.iter().fold(Filter::new(), |f, &a| f.addr(a)))
             } else {
-                Filter::new()
+                tracer::graph_user().filter(filter).notrace(notrace)
             };
-            let user = Arc::new(
-                tracer::graph_user()
-                    .filter(f)
-                    .skip_timestamp(true),
-            );
+            let user = Arc::new(user.skip_timestamp(true));
             fgraph::register_fgraph(user.clone())
                 .map_err(|e| format!("cannot start tracing: {e}"))?;
             st.users.push(user);
-            st.traced = traced;
         }
     }
     Ok(())
-}
-
-/// After `dlopen`: a narrowed function_graph (an address filter) also
-/// traces the new library's matching functions (one filter change, no
-/// untraced window).
-fn retrace(st: &mut State, opts: &Options) {
-    if opts.tracer != Tracer::FunctionGraph
-        || opts.main_only
-        || (opts.filter.is_empty() && opts.notrace.is_empty())
-    {
-        return;
-    }
-    let parse = |items: &[String]| items.iter().try_fold(Filter::new(), |f, i| f.parse(i)).ok();
-    let (Some(filter), Some(notrace)) = (parse(&opts.filter), parse(&opts.notrace)) else {
-        return;
-    };
-    let traced: std::collections::HashSet<usize> = funcs(st.disc.modules())
-        .iter()
-        .filter(|s| (filter.is_empty() || filter.matches(s)) && !notrace.matches(s))
-        .map(|s| s.addr)
-        .collect();
-    if traced.is_subset(&st.traced) {
-        return;
-    }
-    let Some(user) = st.users.last() else { return };
-    let f = traced.iter().fold(Filter::new(), |f, &a| f.addr(a));
-    if fgraph::set_fgraph_filter(user, f).is_ok() {
-        st.traced = traced;
-    }
 }
 
 /// Picks up `dlopen`/`dlclose` and ids handed out by the overflow table.
@@ -469,9 +435,6 @@ fn check_modules_with(mut guard: MutexGuard<'static, Option<State>>) {
     write_syms(st);
     if changed {
         publish_table(st);
-        if let Some(opts) = OPTIONS.get() {
-            retrace(st, opts);
-        }
     }
 }
 

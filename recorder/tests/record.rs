@@ -884,13 +884,19 @@ fn dlopened_library_is_traced() {
 #[test]
 fn dlopen_does_not_wake_sleeping_threads() {
     let b = built();
-    let (dir, out) = record_tracee("dlopen-sleepers", "function_graph", &["dlopen-sleepers", b.lib.to_str().unwrap()], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let want = &counters(&out.stdout)[0];
-    assert_eq!((want["eintr_sleep"], want["eintr_poll"]), (0, 0));
-    let got = per_function(&open(&dir).processes[0]);
-    assert_eq!(count(&got, "reclib_sum"), (1, 1), "the library was traced: {got:?}");
-    assert_eq!(count(&got, "rec_sleeper"), (1, 1));
+    // Unfiltered, with -F globs and with -N globs: the globs are the fgraph
+    // user's own, applied to the new library without a filter change.
+    let cases: [&[(&str, &str)]; 3] = [&[], &[("FTRAMP_FILTER", "reclib_* rec_sleeper rec_poller")], &[("FTRAMP_NOTRACE", "rec_leaf")]];
+    for env in cases {
+        let (dir, out) = record_tracee("dlopen-sleepers", "function_graph", &["dlopen-sleepers", b.lib.to_str().unwrap()], env);
+        assert!(out.status.success(), "{env:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let want = &counters(&out.stdout)[0];
+        assert_eq!((want["eintr_sleep"], want["eintr_poll"]), (0, 0), "{env:?}");
+        let got = per_function(&open(&dir).processes[0]);
+        assert_eq!(count(&got, "reclib_sum"), (1, 1), "{env:?}: the library was traced: {got:?}");
+        assert_eq!(count(&got, "rec_sleeper"), (1, 1), "{env:?}");
+        assert_eq!(count(&got, "rec_leaf"), if env.is_empty() { (2, 2) } else { (0, 0) }, "{env:?}");
+    }
 }
 
 #[test]

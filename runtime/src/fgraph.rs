@@ -231,6 +231,8 @@ pub struct Fgraph {
     /// Read only under the registry lock (rebuild); changed by
     /// [`set_fgraph_filter`].
     filter: Mutex<Filter>,
+    /// Functions left out even when the filter matches (fixed at creation).
+    notrace: Filter,
     skip_timestamp: bool,
     /// User data.
     pub private: usize,
@@ -241,7 +243,13 @@ pub struct Fgraph {
 
 impl Fgraph {
     pub fn new(entry: EntryFunc, ret: RetFunc) -> Fgraph {
-        Fgraph { entry, ret, filter: Mutex::new(Filter::new()), skip_timestamp: false, private: 0, slot: AtomicUsize::new(usize::MAX), reg_epoch: AtomicU32::new(0) }
+        Fgraph { entry, ret, filter: Mutex::new(Filter::new()), notrace: Filter::new(), skip_timestamp: false, private: 0, slot: AtomicUsize::new(usize::MAX), reg_epoch: AtomicU32::new(0) }
+    }
+    /// Functions not traced even when the filter matches them (Linux's
+    /// `set_graph_notrace`; globs apply to modules loaded later too).
+    pub fn notrace(mut self, notrace: Filter) -> Fgraph {
+        self.notrace = notrace;
+        self
     }
     /// The functions traced (empty: all).
     pub fn filter(self, filter: Filter) -> Fgraph {
@@ -521,14 +529,21 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     }
     // Discovery happens on the engine's first use.
     ftrace().refresh()?;
-    let all = users.iter().zip(&filters).filter(|(_, f)| f.is_empty()).fold(0u16, |m, ((i, _), _)| m | 1 << i);
+    // Users called at every site (no filter, no notrace).
+    let all = users.iter().zip(&filters).filter(|((_, u), f)| f.is_empty() && u.notrace.is_empty()).fold(0u16, |m, ((i, _), _)| m | 1 << i);
     let masks = site_masks(&users, &filters);
-    // The users' own filters (globs too), so that the engine also traces
-    // matching functions of modules loaded later.
-    let filter = if all != 0 { Filter::new() } else { filters.iter().fold(Filter::new(), |f, u| f.union(u)) };
+    // The users' own filters and notrace (globs too), so that the engine
+    // also traces matching functions of modules loaded later. A lone user
+    // is called without bitmaps, so its notrace must keep its sites
+    // unpatched; with several, the bitmaps leave each one's out.
+    let filter = if filters.iter().any(|f| f.is_empty()) { Filter::new() } else { filters.iter().fold(Filter::new(), |f, u| f.union(u)) };
+    let notrace = match users.as_slice() {
+        [(_, u)] => u.notrace.clone(),
+        _ => Filter::new(),
+    };
     ALL_MASK.store(all, Relaxed);
     publish_masks(masks, false);
-    let ops = Arc::new(Ops::new(graph_entry).filter(filter).raw_entry(graph_entry_listed));
+    let ops = Arc::new(Ops::new(graph_entry).filter(filter).notrace(notrace).raw_entry(graph_entry_listed));
     match r.ops.take() {
         Some(old) => {
             if let Err(e) = ftrace().replace(&old, ops.clone()) {
@@ -568,7 +583,7 @@ fn publish_masks(masks: Vec<(usize, u16)>, lazy: bool) {
 fn site_masks(users: &[(usize, &Arc<Fgraph>)], filters: &[std::sync::MutexGuard<'_, Filter>]) -> Vec<(usize, u16)> {
     let mut masks: Vec<(usize, u16)> = Vec::new();
     for (site, _) in ftrace().site_dispatch() {
-        let m = users.iter().zip(filters).filter(|(_, f)| f.is_empty() || f.matches(&site)).fold(0u16, |m, ((i, _), _)| m | 1 << i);
+        let m = users.iter().zip(filters).filter(|((_, u), f)| (f.is_empty() || f.matches(&site)) && !u.notrace.matches(&site)).fold(0u16, |m, ((i, _), _)| m | 1 << i);
         if m != 0 {
             masks.push((site.addr, m));
         }
