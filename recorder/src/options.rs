@@ -129,7 +129,9 @@ impl Options {
             Some(v) => return Err(format!("{ENV_MAIN_ONLY}={v}: expected 0 or 1")),
         };
         Ok(Some(Options {
-            dir: dir.into(),
+            // Absolute: the program may change its directory, and the files
+            // are reopened by path (`tracefile.rs`).
+            dir: std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.into()),
             tracer,
             filter: get(ENV_FILTER).map(|s| split_list(&s)).unwrap_or_default(),
             notrace: get(ENV_NOTRACE).map(|s| split_list(&s)).unwrap_or_default(),

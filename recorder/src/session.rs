@@ -78,6 +78,13 @@ pub fn start() {
 
 fn start_with(opts: Options) -> Result<(), String> {
     let opts = OPTIONS.get_or_init(|| opts);
+    // The images this one execs record into the same directory even if
+    // the program changes its own (the variable may have been relative).
+    // In the constructor, before main: no other thread reads the
+    // environment yet.
+    if std::env::var_os(crate::options::ENV_DIR).is_some_and(|d| std::path::Path::new(&d) != opts.dir) {
+        std::env::set_var(crate::options::ENV_DIR, &opts.dir);
+    }
     let c = clock::clock();
     let ticks_per_ns = c.ticks_per_sec as f64 / 1e9;
     tracer::configure(

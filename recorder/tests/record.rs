@@ -753,6 +753,29 @@ fn exec_starts_a_new_image() {
     assert_eq!(count(&per_function(b), "rec_child"), (5, 5));
 }
 
+/// `FTRAMP_RECORD_DIR` given relative, and a program that changes its
+/// directory and then execs: both images record into the directory meant
+/// (the recorder makes the variable absolute before `main`).
+#[test]
+fn a_relative_trace_directory_survives_chdir_and_exec() {
+    if unavailable_under_qemu("a_relative_trace_directory_survives_chdir_and_exec", EXEC_UNDER_QEMU) {
+        return;
+    }
+    let dir = trace_dir("chdir-exec", "function_graph");
+    let out = Command::new(&built().tracee)
+        .arg("chdir-exec")
+        .current_dir(dir.parent().unwrap())
+        .env("LD_PRELOAD", preload())
+        .env("FTRAMP_RECORD_DIR", dir.file_name().unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t = open(&dir);
+    assert_eq!(t.processes.len(), 2, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(count(&per_function(&t.processes[0]), "rec_before"), (1, 1));
+    assert_eq!(count(&per_function(&t.processes[1]), "rec_child"), (5, 5));
+}
+
 #[test]
 fn exec_with_an_empty_environment_is_followed() {
     if unavailable_under_qemu("exec_with_an_empty_environment_is_followed", EXEC_UNDER_QEMU) {

@@ -456,6 +456,17 @@ int main(int argc, char **argv)
         counts();
         return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
     }
+    if (!strcmp(mode, "chdir-exec")) {
+        /* A program that changes its directory, then execs. */
+        if (chdir("/") != 0)
+            return 3;
+        rec_before();
+        counts();
+        char *args[] = {argv[0], "exec-child", NULL};
+        execv("/proc/self/exe", args);
+        perror("execv");
+        return 1;
+    }
     if (!strcmp(mode, "exec")) {
         rec_before();
         counts();
