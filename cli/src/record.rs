@@ -313,6 +313,12 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         }
         _ => 1,
     };
+    for (pid, n) in &summary.unfinished {
+        eprintln!(
+            "ftramp record: pid {pid} (image {n}) ended without the recorder seeing it end (SIGKILL, or an \
+             exit system call made directly): the events still in its buffers are lost, and not counted"
+        );
+    }
     eprintln!(
         "ftramp record: {} process image{} recorded in {}{}",
         summary.images,
@@ -341,6 +347,8 @@ struct Summary {
     images: usize,
     sites: u64,
     lost: u64,
+    /// Images (pid, image number) whose `.info` has no `exit` line.
+    unfinished: Vec<(u32, u32)>,
 }
 
 /// Counts the images, their sites and lost events from the `.info` files.
@@ -349,6 +357,7 @@ fn summarize(dir: &Path) -> Summary {
         images: 0,
         sites: 0,
         lost: 0,
+        unfinished: Vec::new(),
     };
     let Ok(rd) = std::fs::read_dir(dir) else {
         return s;
@@ -379,7 +388,13 @@ fn summarize(dir: &Path) -> Summary {
         };
         s.sites += num("sites");
         s.lost += num("lost");
+        if !text.lines().any(|l| l.trim_start().starts_with("exit")) {
+            if let Some((pid, n, _)) = ftramp_trace::format::parse_task_file_name(&name) {
+                s.unfinished.push((pid, n));
+            }
+        }
     }
+    s.unfinished.sort();
     s
 }
 

@@ -65,6 +65,26 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// An image that ends without the recorder seeing it (an exit system call
+/// made directly, as SIGKILL would) is named: its last events are lost and
+/// cannot be counted, and the trace's `lost` would not say so.
+#[test]
+fn an_image_ending_unseen_is_reported() {
+    let d = dir("exit-group");
+    let o = record(&d, &[], tracee(), &["exit-via", "exit_group"]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("ended without the recorder seeing it end") && stderr(&o).contains("(image 0)"),
+        "{}",
+        stderr(&o)
+    );
+    // A normal end says nothing of the kind.
+    let d = dir("exit-normal");
+    let o = record(&d, &[], tracee(), &["exit-via", "_Exit"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(!stderr(&o).contains("ended without"), "{}", stderr(&o));
+}
+
 #[test]
 fn records_threads_and_writes_info() {
     let d = dir("threads");

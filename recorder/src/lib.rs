@@ -193,17 +193,48 @@ pub unsafe extern "C" fn execvpe(
     })
 }
 
-/// # Safety
-/// As libc's `_exit`.
-#[no_mangle]
-pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+/// Finishes the trace, then ends the process through libc's `name`
+/// (`_exit`, `_Exit`, `quick_exit`).
+unsafe fn exit_through(name: &std::ffi::CStr, status: c_int) -> ! {
     let _ = std::panic::catch_unwind(|| session::before_exit(status));
-    let f = next(c"_exit");
+    let f = next(name);
     if !f.is_null() {
-        // SAFETY: libc's _exit has this signature.
+        // SAFETY: these libc functions have this signature.
         unsafe { std::mem::transmute::<*mut libc::c_void, ExitFn>(f)(status) }
     }
     // SAFETY: the raw system call ends the process.
     unsafe { libc::syscall(libc::SYS_exit_group, status as libc::c_long) };
     unreachable!("exit_group returned")
+}
+
+/// # Safety
+/// As libc's `_exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    // SAFETY: as libc's _exit.
+    unsafe { exit_through(c"_exit", status) }
+}
+
+/// # Safety
+/// As libc's `_Exit` (an alias of `_exit` there, under its own symbol).
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    // SAFETY: as libc's _Exit.
+    unsafe { exit_through(c"_Exit", status) }
+}
+
+/// # Safety
+/// As libc's `quick_exit`: the program's `at_quick_exit` handlers run
+/// first (they may call traced functions), then the recorder's, registered
+/// before them, which finishes the trace with this status.
+#[no_mangle]
+pub unsafe extern "C" fn quick_exit(status: c_int) -> ! {
+    session::QUICK_EXIT_STATUS.store(status, std::sync::atomic::Ordering::Relaxed);
+    let f = next(c"quick_exit");
+    if !f.is_null() {
+        // SAFETY: libc's quick_exit has this signature.
+        unsafe { std::mem::transmute::<*mut libc::c_void, ExitFn>(f)(status) }
+    }
+    // SAFETY: as libc's _exit.
+    unsafe { exit_through(c"_exit", status) }
 }

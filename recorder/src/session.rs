@@ -608,6 +608,17 @@ extern "C" fn at_exit(status: libc::c_int, _arg: *mut libc::c_void) {
     let _ = std::panic::catch_unwind(|| before_exit(status));
 }
 
+/// The status the `quick_exit` interposer saw, for [`at_quick_exit_handler`].
+pub static QUICK_EXIT_STATUS: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// `at_quick_exit` handler (registered before `main`, so it runs after the
+/// program's own): `quick_exit` ends the process without the `on_exit`
+/// handlers.
+extern "C" fn at_quick_exit_handler() {
+    let status = QUICK_EXIT_STATUS.load(Relaxed);
+    let _ = std::panic::catch_unwind(|| before_exit(status));
+}
+
 /// Whether this process image is being recorded here (not a fork child the
 /// recorder did not see, e.g. a `vfork` child).
 pub fn recording() -> bool {
@@ -680,6 +691,7 @@ extern "C" fn on_fatal(sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut
 }
 
 extern "C" {
+    fn at_quick_exit(f: extern "C" fn()) -> libc::c_int;
     fn on_exit(
         f: extern "C" fn(libc::c_int, *mut libc::c_void),
         arg: *mut libc::c_void,
@@ -691,6 +703,7 @@ fn install_handlers() {
     // as long as the process (this library is never unloaded: LD_PRELOAD).
     unsafe {
         on_exit(at_exit, std::ptr::null_mut());
+        at_quick_exit(at_quick_exit_handler);
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
         // An alternate stack for the main thread, so a stack overflow can
         // still be flushed.

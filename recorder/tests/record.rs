@@ -870,6 +870,25 @@ fn crash_flushes_every_threads_events() {
     assert_eq!(count(&per_function(p), "rec_crash"), (1, 0));
 }
 
+/// `_Exit` and `quick_exit` end the process without the `on_exit`
+/// handlers: the recorder interposes them, and every event is in the trace
+/// with the exit status (`quick_exit`: after the program's own
+/// `at_quick_exit` handler, whose traced call is recorded too).
+#[test]
+fn underscore_exit_and_quick_exit_flush_what_was_recorded() {
+    for (how, code, leaves) in [("_Exit", 3, 10), ("quick_exit", 4, 11)] {
+        let (dir, out) = record_tracee(how, "function_graph", &["exit-via", how], &[]);
+        assert_eq!(out.status.code(), Some(code), "{how}: {}", String::from_utf8_lossy(&out.stderr));
+        let p = &open(&dir).processes[0];
+        assert_eq!(p.exit.as_deref(), Some(format!("code {code}").as_str()), "{how}");
+        let got = per_function(p);
+        assert_eq!(count(&got, "rec_after"), (10, 10), "{how}");
+        assert_eq!(count(&got, "rec_leaf"), (leaves, leaves), "{how}");
+        assert_eq!(count(&got, "main"), (1, 0), "{how}: main never returned");
+        assert_eq!(p.lost, 0, "{how}");
+    }
+}
+
 #[test]
 fn abort_flushes_what_was_recorded() {
     check_crash("abort", libc_sig::ABRT, "signal 6 (SIGABRT)", "rec_abort");

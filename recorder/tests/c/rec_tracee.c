@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -98,6 +99,9 @@ __attribute__((noinline)) void *rec_poller(void *arg)
         __atomic_add_fetch(&n_eintr_poll, 1, __ATOMIC_RELAXED);
     return arg;
 }
+
+/* An at_quick_exit handler that calls a traced function. */
+static void rec_at_quick_exit(void) { rec_leaf(7); }
 
 static pthread_barrier_t many_barrier;
 
@@ -455,6 +459,23 @@ int main(int argc, char **argv)
         rec_after();
         counts();
         return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    if (!strcmp(mode, "exit-via")) {
+        /* The ways out of a process besides exit and return from main. */
+        for (int i = 0; i < 10; i++)
+            rec_after();
+        counts();
+        fflush(stdout);
+        const char *how = argc > 2 ? argv[2] : "";
+        if (!strcmp(how, "_Exit"))
+            _Exit(3);
+        if (!strcmp(how, "quick_exit")) {
+            at_quick_exit(rec_at_quick_exit);
+            quick_exit(4);
+        }
+        if (!strcmp(how, "exit_group"))
+            syscall(SYS_exit_group, 5);
+        return 1;
     }
     if (!strcmp(mode, "chdir-exec")) {
         /* A program that changes its directory, then execs. */
