@@ -941,6 +941,26 @@ fn dlopen_does_not_wake_sleeping_threads() {
     }
 }
 
+/// A fork child that loads a library has it traced (the child's own module
+/// watcher: threads do not survive fork).
+#[test]
+fn a_fork_child_traces_the_libraries_it_loads() {
+    if unavailable_under_qemu(
+        "a_fork_child_traces_the_libraries_it_loads",
+        "qemu-user 7.2 aborts in a forked child of a multi-threaded process that starts a thread",
+    ) {
+        return;
+    }
+    let b = built();
+    let (dir, out) = record_tracee("fork-dlopen", "function_graph", &["fork-dlopen", b.lib.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("child_patched 1"));
+    let t = open(&dir);
+    let child = t.processes.iter().find(|p| p.forked_from.is_some()).expect("the child is recorded");
+    assert_eq!(count(&per_function(child), "reclib_sum"), (1, 1));
+    assert_eq!(count(&per_function(child), "reclib_add"), (20, 20));
+}
+
 #[test]
 fn dlopened_library_with_a_filter() {
     let b = built();

@@ -46,6 +46,7 @@ use ftramp_codegen::arch::{self, STUB_LEN};
 use ftramp_codegen::{image::Image, DataWord, Dispatch, SiteEntry, Tier, Variant};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Why an ops could not be registered.
@@ -131,47 +132,88 @@ pub struct Ftrace {
 /// How often the module watcher looks for `dlopen`/`dlclose`.
 pub const MODULE_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Starts (once) the thread that re-reads the loaded modules when the
-/// loader's counters change, so libraries loaded with `dlopen` are traced
-/// without a `refresh()` and unloaded ones are forgotten.  It only reads
-/// the counters while no ops is registered.
+/// The process the module watcher runs in (0: not started). A fork child
+/// has no thread but the forking one, so its watcher is started again, from
+/// the atfork child handler ([`watch_after_fork`]).
+static WATCHER_PID: AtomicU32 = AtomicU32::new(0);
+/// The loader generation (adds, subs) the watcher has handled: a fork
+/// child's watcher goes on from its parent's, so a `dlopen` the parent's
+/// had not handled yet is handled in the child too.
+static SEEN_ADDS: AtomicU64 = AtomicU64::new(0);
+static SEEN_SUBS: AtomicU64 = AtomicU64::new(0);
+
+fn seen() -> (u64, u64) {
+    (SEEN_ADDS.load(Relaxed), SEEN_SUBS.load(Relaxed))
+}
+
+fn set_seen(g: (u64, u64)) {
+    SEEN_ADDS.store(g.0, Relaxed);
+    SEEN_SUBS.store(g.1, Relaxed);
+}
+
+/// Starts the thread that re-reads the loaded modules when the loader's
+/// counters change, so libraries loaded with `dlopen` are traced without a
+/// `refresh()` and unloaded ones are forgotten: once per process (fork
+/// children included).  It only reads the counters while no ops is
+/// registered.
 fn start_module_watch() {
-    static STARTED: std::sync::Once = std::sync::Once::new();
-    STARTED.call_once(|| {
+    let pid = std::process::id();
+    let before = WATCHER_PID.swap(pid, AcqRel);
+    if before == pid {
+        return;
+    }
+    if before == 0 {
         // Read here, not on the new thread: the caller has just read the
         // modules, and a dlopen before the thread first runs must count.
-        let mut seen = crate::sites::loader_generation();
-        let spawned = crate::thread::spawn_helper("ftramp-modules", move || {
-            loop {
-                std::thread::sleep(MODULE_WATCH_INTERVAL);
-                let now = crate::sites::loader_generation();
-                if now == seen {
-                    continue;
-                }
-                let f = ftrace();
-                // Registering re-reads the modules anyway; a busy engine is
-                // retried on the next tick.
-                let Ok(mut st) = f.state.try_lock() else { continue };
-                if st.ops.is_empty() {
-                    seen = now;
-                    continue;
-                }
-                if st.refresh().is_ok() {
-                    if let Ok(Some(old)) = st.apply() {
-                        // No grace period of its own (see retire_lazily).
-                        let bytes = old.approx_bytes();
-                        grace::retire_lazily(old, bytes);
-                    }
-                    seen = now;
-                    drop(st);
-                    run_module_hooks();
-                }
-            }
+        set_seen(crate::sites::loader_generation());
+        static AT_FORK: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a handler for the child only; it is extern "C",
+        // catches panics, and lives as long as the process.
+        AT_FORK.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(watch_after_fork));
         });
-        if let Err(e) = spawned {
-            eprintln!("ftramp: cannot start the module watcher ({e}); call ftrace().refresh() after dlopen");
+    }
+    let spawned = crate::thread::spawn_helper("ftramp-modules", move || loop {
+        std::thread::sleep(MODULE_WATCH_INTERVAL);
+        if WATCHER_PID.load(Relaxed) != pid {
+            // A fork child's copy of this closure never runs (threads do
+            // not survive fork); this is for a watcher restarted in error.
+            return;
+        }
+        let now = crate::sites::loader_generation();
+        if now == seen() {
+            continue;
+        }
+        let f = ftrace();
+        // Registering re-reads the modules anyway; a busy engine is
+        // retried on the next tick.  (In a fork child whose parent forked
+        // while its watcher held the engine, the lock stays held: that
+        // child's new libraries are then not traced.)
+        let Ok(mut st) = f.state.try_lock() else { continue };
+        if st.ops.is_empty() {
+            set_seen(now);
+            continue;
+        }
+        if st.refresh().is_ok() {
+            if let Ok(Some(old)) = st.apply() {
+                // No grace period of its own (see retire_lazily).
+                let bytes = old.approx_bytes();
+                grace::retire_lazily(old, bytes);
+            }
+            set_seen(now);
+            drop(st);
+            run_module_hooks();
         }
     });
+    if let Err(e) = spawned {
+        WATCHER_PID.store(0, Relaxed);
+        eprintln!("ftramp: cannot start the module watcher ({e}); call ftrace().refresh() after dlopen");
+    }
+}
+
+/// The atfork child handler: the child's own module watcher.
+extern "C" fn watch_after_fork() {
+    let _ = std::panic::catch_unwind(start_module_watch);
 }
 
 static MODULE_HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());

@@ -134,7 +134,10 @@ __attribute__((noinline)) void rec_abort(void) { rec_before(); abort(); }
 static int patched(const void *fn)
 {
 #if defined(__x86_64__)
-    return *(const volatile unsigned char *)fn == 0xe8;
+    /* `call` to the trampoline, or `jmp` to the site's stub (the default:
+     * README "Stub entry"). */
+    unsigned char b = *(const volatile unsigned char *)fn;
+    return b == 0xe8 || b == 0xe9;
 #elif defined(__aarch64__)
     /* Both words: the patcher writes `mov x9, x30` before the `bl`. */
     const volatile unsigned *w = fn;
@@ -558,6 +561,27 @@ int main(int argc, char **argv)
         counts();
         rec_abort();
         return 0;
+    }
+    if (!strcmp(mode, "fork-dlopen")) {
+        /* A fork child loads a library (as a pre-forked worker does). */
+        rec_before();
+        fflush(stdout);
+        pid_t c = fork();
+        if (c == 0) {
+            void *h = dlopen(argv[2], RTLD_NOW);
+            if (!h)
+                _exit(2);
+            long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
+            for (int i = 0; i < 2000 && !patched(f); i++)
+                usleep(1000);
+            printf("child_patched %d\n", patched(f));
+            f(20);
+            fflush(stdout);
+            _exit(0);
+        }
+        int st = 0;
+        waitpid(c, &st, 0);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
     }
     if (!strcmp(mode, "dlopen-sleepers")) {
         /* A library loaded (and traced) while two threads sleep. */
