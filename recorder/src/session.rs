@@ -472,6 +472,7 @@ fn writer_loop(epoch: usize) {
         }
         if last_check.elapsed() >= ftramp_runtime::ftrace::MODULE_WATCH_INTERVAL {
             check_modules();
+            ftramp_runtime::thread::exit_if_only_helpers_remain();
             last_check = Instant::now();
         }
         if !wrote {

@@ -10,7 +10,9 @@
 //! out there (an exec of an aarch64 program from inside qemu-user reaches
 //! the host kernel, which cannot run it without binfmt_misc), and so is the
 //! fork test (qemu-user 7.2 aborts in a forked child of a multi-threaded
-//! process that starts a thread: its own bug, shown by a plain C program).
+//! process that starts a thread: its own bug, shown by a plain C program),
+//! and the one of a main thread ending with `pthread_exit` (qemu-user runs
+//! a thread of its own in the process, which keeps it alive there).
 
 use ftramp_trace::read::{EventKind, Process, Trace};
 use std::collections::BTreeMap;
@@ -200,6 +202,11 @@ fn record_tracee(name: &str, tracer: &str, args: &[&str], env: &[(&str, &str)]) 
 }
 
 fn record(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    record_command(dir, prog, args, env).output().unwrap()
+}
+
+/// The command [`record`] runs.
+fn record_command(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = match qemu() {
         None => {
             let mut c = Command::new(prog);
@@ -236,7 +243,7 @@ fn record(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Outpu
     for (k, v) in env {
         c.env(k, v);
     }
-    c.output().unwrap()
+    c
 }
 
 /// The "name count" lines a tracee prints (the last value per name wins:
@@ -887,6 +894,44 @@ fn underscore_exit_and_quick_exit_flush_what_was_recorded() {
         assert_eq!(count(&got, "main"), (1, 0), "{how}: main never returned");
         assert_eq!(p.lost, 0, "{how}");
     }
+}
+
+/// main calls `pthread_exit` and a worker goes on: when the worker ends
+/// the process ends (glibc's `exit(0)` at the last thread), although the
+/// recorder's helper threads never end; untraced the process ends there,
+/// and it hung for good before `thread::exit_if_only_helpers_remain`.
+#[test]
+fn main_ending_with_pthread_exit_does_not_keep_the_process_alive() {
+    // Under qemu-user the process has a thread of qemu's own (its RCU
+    // thread), which the check cannot tell from the program's.
+    if unavailable_under_qemu(
+        "main_ending_with_pthread_exit_does_not_keep_the_process_alive",
+        "qemu-user's own thread keeps such a process alive",
+    ) {
+        return;
+    }
+    let dir = trace_dir("main-pthread-exit", "function_graph");
+    let mut c = record_command(&dir, &built().tracee, &["main-pthread-exit"], &[]);
+    let mut child = c.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the process did not end 30 s after its last thread");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(0));
+    let p = &open(&dir).processes[0];
+    assert_eq!(p.exit.as_deref(), Some("code 0"));
+    let got = per_function(p);
+    assert_eq!(count(&got, "rec_after"), (10, 10));
+    assert_eq!(count(&got, "rec_late_worker"), (1, 1));
+    assert_eq!(count(&got, "main"), (1, 0), "main never returned");
 }
 
 #[test]

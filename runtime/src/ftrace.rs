@@ -175,6 +175,7 @@ fn start_module_watch() {
     }
     let spawned = crate::thread::spawn_helper("ftramp-modules", move || loop {
         std::thread::sleep(MODULE_WATCH_INTERVAL);
+        crate::thread::exit_if_only_helpers_remain();
         if WATCHER_PID.load(Relaxed) != pid {
             // A fork child's copy of this closure never runs (threads do
             // not survive fork); this is for a watcher restarted in error.

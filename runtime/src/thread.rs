@@ -345,10 +345,59 @@ where
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
         old
     };
-    let r = std::thread::Builder::new().name(name.into()).spawn(f);
+    let r = std::thread::Builder::new().name(name.into()).spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        HELPERS.lock().unwrap_or_else(|e| e.into_inner()).push(tid);
+        f()
+    });
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     r
+}
+
+/// The helper threads started by [`spawn_helper`] (tids; a fork child's
+/// list still holds its parent's, which are no thread of the child's).
+static HELPERS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Ends the process with `exit(0)` when the program's threads are all gone
+/// but the helpers keep it alive: its main thread called `pthread_exit`
+/// and the others ended since. glibc ends a process with `exit(0)` when
+/// its last thread ends, but counts the helpers, which never end: without
+/// this the program would hang there forever (as a zombie main thread and
+/// the helpers). The helpers' loops call it every few milliseconds; it
+/// costs one read of the main thread's `/proc` state while the program
+/// runs normally, at most every 50 ms (the first call starts the clock).
+pub fn exit_if_only_helpers_remain() {
+    static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    static LAST_MS: AtomicU64 = AtomicU64::new(0);
+    let now_ms = START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64;
+    let last = LAST_MS.load(Relaxed);
+    if now_ms < last + 50 || LAST_MS.compare_exchange(last, now_ms, Relaxed, Relaxed).is_err() {
+        return;
+    }
+    let pid = std::process::id();
+    let stat = match std::fs::read_to_string(format!("/proc/self/task/{pid}/stat")) {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    // The state follows the parenthesised command name.
+    if stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) != Some("Z") {
+        return;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return };
+    let helpers = HELPERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let only_helpers = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&t| t != pid as i32)
+        .all(|t| helpers.contains(&t));
+    if only_helpers && !EXITING.swap(true, SeqCst) {
+        // SAFETY: exit runs the program's atexit handlers and ends the
+        // process, as glibc does when the last thread ends; no program
+        // thread is left to race with it.
+        unsafe { libc::exit(0) }
+    }
 }
 
 #[cfg(test)]

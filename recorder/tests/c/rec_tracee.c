@@ -100,6 +100,15 @@ __attribute__((noinline)) void *rec_poller(void *arg)
     return arg;
 }
 
+/* Runs on after main has called pthread_exit. */
+__attribute__((noinline)) void *rec_late_worker(void *arg)
+{
+    usleep(100000);
+    for (int i = 0; i < 10; i++)
+        rec_after();
+    return arg;
+}
+
 /* An at_quick_exit handler that calls a traced function. */
 static void rec_at_quick_exit(void) { rec_leaf(7); }
 
@@ -462,6 +471,13 @@ int main(int argc, char **argv)
         rec_after();
         counts();
         return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    if (!strcmp(mode, "main-pthread-exit")) {
+        /* main ends with pthread_exit; a worker ends the process later. */
+        pthread_t t;
+        rec_before();
+        pthread_create(&t, NULL, rec_late_worker, NULL);
+        pthread_exit(NULL);
     }
     if (!strcmp(mode, "exit-via")) {
         /* The ways out of a process besides exit and return from main. */
