@@ -524,6 +524,15 @@ fn signal_name(sig: i32) -> &'static str {
         libc::SIGHUP => "SIGHUP",
         libc::SIGKILL => "SIGKILL",
         libc::SIGPIPE => "SIGPIPE",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        libc::SIGVTALRM => "SIGVTALRM",
+        libc::SIGPROF => "SIGPROF",
         _ => "signal",
     }
 }
@@ -668,7 +677,12 @@ pub fn exec_failed() {
     IO_LOCK.unlock();
 }
 
-const FATAL: [i32; 7] = [
+/// The signals whose default action ends the process, whose handler (where
+/// the program has none) writes the trace first: the faults, the ones a
+/// terminal, a pipe or another process sends (`prog | head` ends `prog`
+/// with SIGPIPE), the timers' and the resource limits'.  (SIGTRAP is the
+/// patcher's; SIGKILL and SIGSTOP cannot be caught.)
+const FATAL: [i32; 18] = [
     libc::SIGSEGV,
     libc::SIGBUS,
     libc::SIGILL,
@@ -676,6 +690,17 @@ const FATAL: [i32; 7] = [
     libc::SIGABRT,
     libc::SIGINT,
     libc::SIGTERM,
+    libc::SIGPIPE,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGALRM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
+    libc::SIGSYS,
+    libc::SIGVTALRM,
+    libc::SIGPROF,
 ];
 
 extern "C" fn on_fatal(sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {

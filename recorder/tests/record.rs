@@ -934,6 +934,12 @@ fn main_ending_with_pthread_exit_does_not_keep_the_process_alive() {
     assert_eq!(count(&got, "main"), (1, 0), "main never returned");
 }
 
+/// `prog | head`: SIGPIPE ends the program with the trace written.
+#[test]
+fn sigpipe_flushes_what_was_recorded() {
+    check_crash("sigpipe", libc_sig::PIPE, "signal 13 (SIGPIPE)", "rec_write_pipe");
+}
+
 #[test]
 fn abort_flushes_what_was_recorded() {
     check_crash("abort", libc_sig::ABRT, "signal 6 (SIGABRT)", "rec_abort");
@@ -942,6 +948,7 @@ fn abort_flushes_what_was_recorded() {
 mod libc_sig {
     pub const SEGV: i32 = 11;
     pub const ABRT: i32 = 6;
+    pub const PIPE: i32 = 13;
 }
 
 #[test]

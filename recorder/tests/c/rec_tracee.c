@@ -100,6 +100,13 @@ __attribute__((noinline)) void *rec_poller(void *arg)
     return arg;
 }
 
+/* Writes to a pipe whose reader is gone (SIGPIPE). */
+__attribute__((noinline)) void rec_write_pipe(int fd)
+{
+    if (write(fd, "x", 1) < 0)
+        perror("write");
+}
+
 /* Runs on after main has called pthread_exit. */
 __attribute__((noinline)) void *rec_late_worker(void *arg)
 {
@@ -569,6 +576,20 @@ int main(int argc, char **argv)
         while (__atomic_load_n(&n_spun[0], __ATOMIC_ACQUIRE) < 1000 || __atomic_load_n(&n_spun[1], __ATOMIC_ACQUIRE) < 1000)
             usleep(1000);
         rec_crash(NULL);
+        return 0;
+    }
+    if (!strcmp(mode, "sigpipe")) {
+        /* `prog | head`: a write to a pipe nobody reads ends the program. */
+        int p[2];
+        if (pipe(p) != 0)
+            return 2;
+        close(p[0]);
+        for (int i = 0; i < 10; i++)
+            rec_after();
+        counts();
+        fflush(stdout);
+        rec_before();
+        rec_write_pipe(p[1]);
         return 0;
     }
     if (!strcmp(mode, "abort")) {
