@@ -238,7 +238,14 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     std::fs::write(dir.join("info"), info)
         .with_context(|| format!("writing {}", dir.join("info").display()))?;
 
-    let mut ld_preload = preload.clone().into_os_string();
+    // A sanitizer's runtime insists on coming first among the libraries
+    // (ASan aborts otherwise): it goes before the recorder.
+    let mut ld_preload = std::ffi::OsString::new();
+    for san in sanitizer_runtimes(&prog) {
+        ld_preload.push(&san);
+        ld_preload.push(" ");
+    }
+    ld_preload.push(preload.as_os_str());
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
         ld_preload.push(" ");
         ld_preload.push(old);
@@ -300,7 +307,8 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     if summary.images == 0 {
         eprintln!(
             "ftramp record: nothing was recorded: {} did not load {} (a statically linked or set-user-ID \
-             program ignores LD_PRELOAD)",
+             program ignores LD_PRELOAD, and a program may end before libraries are initialised: see \
+             its messages above)",
             prog.display(),
             preload.display()
         );
@@ -349,6 +357,27 @@ struct Summary {
     lost: u64,
     /// Images (pid, image number) whose `.info` has no `exit` line.
     unfinished: Vec<(u32, u32)>,
+}
+
+/// The sanitizer runtimes `prog` links (`libasan.so.8`, …; their sonames,
+/// which the loader finds by itself): ASan and TSan must be the first
+/// libraries loaded, before any `LD_PRELOAD`ed one, or they abort.
+fn sanitizer_runtimes(prog: &Path) -> Vec<String> {
+    use object::read::elf::{Dyn, ElfFile64, FileHeader};
+    use object::{elf, Endianness};
+    let Ok(data) = std::fs::read(prog) else { return Vec::new() };
+    let Ok(file) = ElfFile64::<Endianness>::parse(&*data) else { return Vec::new() };
+    let (header, endian) = (file.elf_header(), file.endian());
+    let Ok(sections) = header.sections(endian, &*data) else { return Vec::new() };
+    let Ok(Some((dynamic, link))) = sections.dynamic(endian, &*data) else { return Vec::new() };
+    let Ok(strings) = sections.strings(endian, &*data, link) else { return Vec::new() };
+    dynamic
+        .iter()
+        .filter(|d| d.d_tag(endian) == elf::DT_NEEDED)
+        .filter_map(|d| d.string(endian, strings).ok())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .filter(|n| ["libasan.so", "libtsan.so", "libhwasan.so"].iter().any(|p| n.starts_with(p)))
+        .collect()
 }
 
 /// Counts the images, their sites and lost events from the `.info` files.

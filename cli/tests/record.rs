@@ -85,6 +85,47 @@ fn an_image_ending_unseen_is_reported() {
     assert!(!stderr(&o).contains("ended without"), "{}", stderr(&o));
 }
 
+/// A program built with AddressSanitizer, whose runtime aborts unless it
+/// is the first library loaded: `ftramp record` puts it before the
+/// recorder in `LD_PRELOAD` (it aborted with "ASan runtime does not come
+/// first in initial library list" before).
+#[test]
+fn an_address_sanitizer_program_is_recorded() {
+    let arch = std::env::consts::ARCH;
+    let flags = ftramp().args(["cflags", "-a", arch]).output().unwrap();
+    let flags = String::from_utf8(flags.stdout).unwrap();
+    let dir0 = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-asan");
+    std::fs::create_dir_all(&dir0).unwrap();
+    let src = dir0.join("asan.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <stdlib.h>\n\
+         __attribute__((noipa)) long leaf(long x) { return x + 1; }\n\
+         int main(void) { char *p = malloc(16); long s = 0; for (int i = 0; i < 100; i++) s += leaf(i); \
+         p[0] = (char)s; printf(\"%d\\n\", p[0]); free(p); return 0; }\n",
+    )
+    .unwrap();
+    let exe = dir0.join("asan");
+    let st = Command::new("cc")
+        .args(["-O1", "-fsanitize=address"])
+        .args(flags.split_whitespace())
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc -fsanitize=address (libasan comes with gcc)");
+    let d = dir("asan");
+    let o = record(&d, &[], &exe, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "-70\n");
+    let t = Trace::open(&d).unwrap();
+    let p = &t.processes[0];
+    let leaf = p.symbols.iter().find(|s| s.name == "leaf").expect("leaf is named").id;
+    let n = p.threads.iter().flat_map(|t| &t.events).filter(|e| e.func == leaf && e.kind == EventKind::Entry).count();
+    assert_eq!(n, 100);
+}
+
 #[test]
 fn records_threads_and_writes_info() {
     let d = dir("threads");
