@@ -471,6 +471,10 @@ fn writer_loop(epoch: usize) {
             }
         }
         if last_check.elapsed() >= ftramp_runtime::ftrace::MODULE_WATCH_INTERVAL {
+            // The runtime's module watcher does not survive a fork: in a
+            // child this patches the libraries it loads (in the parent it
+            // finds the watcher's work done).
+            ftramp_runtime::ftrace::refresh_if_modules_changed();
             check_modules();
             ftramp_runtime::thread::exit_if_only_helpers_remain();
             last_check = Instant::now();

@@ -46,7 +46,7 @@ use ftramp_codegen::arch::{self, STUB_LEN};
 use ftramp_codegen::{image::Image, DataWord, Dispatch, SiteEntry, Tier, Variant};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Why an ops could not be registered.
@@ -132,13 +132,10 @@ pub struct Ftrace {
 /// How often the module watcher looks for `dlopen`/`dlclose`.
 pub const MODULE_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// The process the module watcher runs in (0: not started). A fork child
-/// has no thread but the forking one, so its watcher is started again, from
-/// the atfork child handler ([`watch_after_fork`]).
-static WATCHER_PID: AtomicU32 = AtomicU32::new(0);
-/// The loader generation (adds, subs) the watcher has handled: a fork
-/// child's watcher goes on from its parent's, so a `dlopen` the parent's
-/// had not handled yet is handled in the child too.
+/// The loader generation (adds, subs) the module watcher has handled: in a
+/// fork child, whose watcher thread is gone, [`refresh_if_modules_changed`]
+/// goes on from its parent's, so a `dlopen` the parent's watcher had not
+/// handled yet is handled in the child too.
 static SEEN_ADDS: AtomicU64 = AtomicU64::new(0);
 static SEEN_SUBS: AtomicU64 = AtomicU64::new(0);
 
@@ -151,70 +148,61 @@ fn set_seen(g: (u64, u64)) {
     SEEN_SUBS.store(g.1, Relaxed);
 }
 
-/// Starts the thread that re-reads the loaded modules when the loader's
-/// counters change, so libraries loaded with `dlopen` are traced without a
-/// `refresh()` and unloaded ones are forgotten: once per process (fork
-/// children included).  It only reads the counters while no ops is
-/// registered.
+/// Starts (once) the thread that re-reads the loaded modules when the
+/// loader's counters change, so libraries loaded with `dlopen` are traced
+/// without a `refresh()` and unloaded ones are forgotten.  It only reads
+/// the counters while no ops is registered.  Threads do not survive
+/// `fork`: a child that loads libraries calls [`refresh_if_modules_changed`]
+/// (the recorder's writer thread does) or `refresh()`; the runtime starts
+/// no thread in a child by itself (qemu-user 7.2 aborts in a child of a
+/// multi-threaded process that starts one, and a fork + exec should not pay
+/// for one).
 fn start_module_watch() {
-    let pid = std::process::id();
-    let before = WATCHER_PID.swap(pid, AcqRel);
-    if before == pid {
-        return;
-    }
-    if before == 0 {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
         // Read here, not on the new thread: the caller has just read the
         // modules, and a dlopen before the thread first runs must count.
         set_seen(crate::sites::loader_generation());
-        static AT_FORK: std::sync::Once = std::sync::Once::new();
-        // SAFETY: registers a handler for the child only; it is extern "C",
-        // catches panics, and lives as long as the process.
-        AT_FORK.call_once(|| unsafe {
-            libc::pthread_atfork(None, None, Some(watch_after_fork));
+        let spawned = crate::thread::spawn_helper("ftramp-modules", || loop {
+            std::thread::sleep(MODULE_WATCH_INTERVAL);
+            crate::thread::exit_if_only_helpers_remain();
+            refresh_if_modules_changed();
         });
-    }
-    let spawned = crate::thread::spawn_helper("ftramp-modules", move || loop {
-        std::thread::sleep(MODULE_WATCH_INTERVAL);
-        crate::thread::exit_if_only_helpers_remain();
-        if WATCHER_PID.load(Relaxed) != pid {
-            // A fork child's copy of this closure never runs (threads do
-            // not survive fork); this is for a watcher restarted in error.
-            return;
-        }
-        let now = crate::sites::loader_generation();
-        if now == seen() {
-            continue;
-        }
-        let f = ftrace();
-        // Registering re-reads the modules anyway; a busy engine is
-        // retried on the next tick.  (In a fork child whose parent forked
-        // while its watcher held the engine, the lock stays held: that
-        // child's new libraries are then not traced.)
-        let Ok(mut st) = f.state.try_lock() else { continue };
-        if st.ops.is_empty() {
-            set_seen(now);
-            continue;
-        }
-        if st.refresh().is_ok() {
-            if let Ok(Some(old)) = st.apply() {
-                // No grace period of its own (see retire_lazily).
-                let bytes = old.approx_bytes();
-                grace::retire_lazily(old, bytes);
-            }
-            set_seen(now);
-            drop(st);
-            run_module_hooks();
+        if let Err(e) = spawned {
+            eprintln!("ftramp: cannot start the module watcher ({e}); call ftrace().refresh() after dlopen");
         }
     });
-    if let Err(e) = spawned {
-        WATCHER_PID.store(0, Relaxed);
-        eprintln!("ftramp: cannot start the module watcher ({e}); call ftrace().refresh() after dlopen");
-    }
 }
 
-/// The atfork child handler: the child's own module watcher.
-extern "C" fn watch_after_fork() {
-    let _ = std::panic::catch_unwind(start_module_watch);
+/// The module watcher's step: if the loader's counters changed since the
+/// last step, re-reads the modules and re-applies the registered ops (a
+/// busy engine is retried at the next call).  One `dl_iterate_phdr` call
+/// when nothing changed.  Safe to call from any thread outside dispatch,
+/// also beside the watcher.
+pub fn refresh_if_modules_changed() {
+    let now = crate::sites::loader_generation();
+    if now == seen() || grace::dispatch_depth() > 0 {
+        return;
+    }
+    let f = ftrace();
+    // Registering re-reads the modules anyway.  (In a fork child whose
+    // parent forked while its watcher held the engine, the lock stays
+    // held: that child's new libraries are then not traced.)
+    let Ok(mut st) = f.state.try_lock() else { return };
+    if st.ops.is_empty() {
+        set_seen(now);
+        return;
+    }
+    if st.refresh().is_ok() {
+        if let Ok(Some(old)) = st.apply() {
+            // No grace period of its own (see retire_lazily).
+            let bytes = old.approx_bytes();
+            grace::retire_lazily(old, bytes);
+        }
+        set_seen(now);
+        drop(st);
+        run_module_hooks();
+    }
 }
 
 static MODULE_HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
