@@ -348,7 +348,7 @@ where
     let r = std::thread::Builder::new().name(name.into()).spawn(move || {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        HELPERS.lock().unwrap_or_else(|e| e.into_inner()).push(tid);
+        HELPERS.lock().unwrap_or_else(|e| e.into_inner()).push((std::process::id(), tid));
         f()
     });
     // SAFETY: restores the mask saved above.
@@ -356,9 +356,10 @@ where
     r
 }
 
-/// The helper threads started by [`spawn_helper`] (tids; a fork child's
-/// list still holds its parent's, which are no thread of the child's).
-static HELPERS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+/// The helper threads started by [`spawn_helper`] (process, tid): a fork
+/// child's copy still holds its parent's, which are no thread of the child
+/// (and whose tids a thread of the child may get once they are gone).
+static HELPERS: std::sync::Mutex<Vec<(u32, i32)>> = std::sync::Mutex::new(Vec::new());
 
 /// Ends the process with `exit(0)` when the program's threads are all gone
 /// but the helpers keep it alive: its main thread called `pthread_exit`
@@ -387,7 +388,7 @@ pub fn exit_if_only_helpers_remain() {
         return;
     }
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return };
-    let helpers = HELPERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let helpers: Vec<i32> = HELPERS.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|h| h.0 == pid).map(|h| h.1).collect();
     let only_helpers = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|&t| t != pid as i32)
