@@ -12,7 +12,7 @@
 //! | `FTRAMP_MIN_DURATION` | drop calls shorter than this (`10us`, `2ms`, ns if no unit; function_graph) | 0 |
 //! | `FTRAMP_MAIN_ONLY` | `1`: only the main executable's functions | `0` |
 //! | `FTRAMP_BUFFER_SIZE` | bytes per thread buffer (`64K`, `1M`; 4K..16M) | `128K` |
-//! | `FTRAMP_BUFFERS` | buffers in the pool shared by all threads (2..65536; mapped lazily) | `256` |
+//! | `FTRAMP_BUFFERS` | buffers in the pool shared by all threads (2..65536; mapped lazily) | `1024` |
 //! | `FTRAMP_CLOCK` | the clock calibration to use (`ftramp_runtime::clock::ENV`) | calibrated |
 //! | `FTRAMP_RECORD_PID` | pid of `ftramp record` (its direct child prints build advice) | — |
 
