@@ -401,23 +401,16 @@ fn summarize(dir: &Path) -> Summary {
         }
         s.images += 1;
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-        let num = |key: &str| {
+        // The values of the `key = value` lines, last first.
+        let values = |key: &'static str| {
             text.lines()
                 .rev()
-                .filter_map(|l| {
-                    l.strip_prefix(key)?
-                        .trim_start()
-                        .strip_prefix('=')?
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
-                .next()
-                .unwrap_or(0)
+                .filter_map(move |l| Some(l.strip_prefix(key)?.trim_start().strip_prefix('=')?.trim()))
         };
+        let num = |key| values(key).find_map(|v| v.parse::<u64>().ok()).unwrap_or(0);
         s.sites += num("sites");
         s.lost += num("lost");
-        if !text.lines().any(|l| l.trim_start().starts_with("exit")) {
+        if values("exit").next().is_none() {
             if let Some((pid, n, _)) = ftramp_trace::format::parse_task_file_name(&name) {
                 s.unfinished.push((pid, n));
             }

@@ -11,30 +11,32 @@ fn ftramp() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ftramp"))
 }
 
+/// Compiles `src` into `out` with `cc`, `opts` and the flags `ftramp
+/// cflags` prints, then `libs`.
+fn compile(opts: &[&str], out: &Path, src: &Path, libs: &[&str]) {
+    let arch = std::env::consts::ARCH;
+    let flags = ftramp().args(["cflags", "-a", arch]).output().unwrap();
+    assert!(flags.status.success());
+    let flags = String::from_utf8(flags.stdout).unwrap();
+    let st = Command::new("cc")
+        .args(opts)
+        .args(flags.split_whitespace())
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .args(libs)
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling {} with cc {opts:?}", src.display());
+}
+
 /// `recorder/tests/c/rec_tracee.c` built with the flags `ftramp cflags` prints.
 fn tracee() -> &'static Path {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
-        let arch = std::env::consts::ARCH;
-        let flags = ftramp().args(["cflags", "-a", arch]).output().unwrap();
-        assert!(flags.status.success());
-        let flags = String::from_utf8(flags.stdout).unwrap();
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-tracee");
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recorder/tests/c/rec_tracee.c");
-        let st = Command::new("cc")
-            .args([
-                "-O2",
-                "-fno-inline",
-                "-fno-optimize-sibling-calls",
-            ])
-            .args(flags.split_whitespace())
-            .arg("-o")
-            .arg(&out)
-            .arg(&src)
-            .args(["-lpthread", "-ldl"])
-            .status()
-            .unwrap();
-        assert!(st.success(), "compiling {}", src.display());
+        compile(&["-O2", "-fno-inline", "-fno-optimize-sibling-calls"], &out, &src, &["-lpthread", "-ldl"]);
         out
     })
 }
@@ -91,9 +93,6 @@ fn an_image_ending_unseen_is_reported() {
 /// first in initial library list" before).
 #[test]
 fn an_address_sanitizer_program_is_recorded() {
-    let arch = std::env::consts::ARCH;
-    let flags = ftramp().args(["cflags", "-a", arch]).output().unwrap();
-    let flags = String::from_utf8(flags.stdout).unwrap();
     let dir0 = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-asan");
     std::fs::create_dir_all(&dir0).unwrap();
     let src = dir0.join("asan.c");
@@ -106,15 +105,8 @@ fn an_address_sanitizer_program_is_recorded() {
     )
     .unwrap();
     let exe = dir0.join("asan");
-    let st = Command::new("cc")
-        .args(["-O1", "-fsanitize=address"])
-        .args(flags.split_whitespace())
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success(), "cc -fsanitize=address (libasan comes with gcc)");
+    // (libasan comes with gcc.)
+    compile(&["-O1", "-fsanitize=address"], &exe, &src, &[]);
     let d = dir("asan");
     let o = record(&d, &[], &exe, &[]);
     assert!(o.status.success(), "{}", stderr(&o));

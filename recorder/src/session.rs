@@ -160,7 +160,7 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
             .create_new(true)
             .open(&path)
         {
-            Ok(f) => break f,
+            Ok(f) => break (f.into_raw_fd(), path),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100_000 => {
                 // The image before an exec the recorder did not see
                 // (execl*, fexecve): mark how it ended.
@@ -216,7 +216,6 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
         toml_u64(c.base_ticks),
         toml_u64(c.base_ns)
     );
-    let info = (info.into_raw_fd(), dir.join(task_file_name(pid, n, "info")));
     for (file, (fd, path)) in [(&INFO, info), (&SYM, sym), (&DAT, dat)] {
         file.install(fd, &path);
     }
@@ -472,9 +471,10 @@ fn writer_loop(epoch: usize) {
         }
         if last_check.elapsed() >= ftramp_runtime::ftrace::MODULE_WATCH_INTERVAL {
             // The runtime's module watcher does not survive a fork: in a
-            // child this patches the libraries it loads (in the parent it
-            // finds the watcher's work done).
-            ftramp_runtime::ftrace::refresh_if_modules_changed();
+            // child, this patches the libraries it loads.
+            if !ftramp_runtime::ftrace::module_watcher_running() {
+                ftramp_runtime::ftrace::refresh_if_modules_changed();
+            }
             check_modules();
             ftramp_runtime::thread::exit_if_only_helpers_remain();
             last_check = Instant::now();

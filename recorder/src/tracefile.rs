@@ -43,8 +43,6 @@ static FAILED_BYTES: AtomicU64 = AtomicU64::new(0);
 static FIRST_ERRNO: AtomicI32 = AtomicI32::new(0);
 /// Events in `.dat` chunks whose write failed.
 static FAILED_EVENTS: AtomicU64 = AtomicU64::new(0);
-/// Times a trace file was found closed or replaced by the program.
-static REOPENED: AtomicU64 = AtomicU64::new(0);
 
 impl Default for TraceFile {
     fn default() -> TraceFile {
@@ -65,18 +63,24 @@ impl TraceFile {
     /// Takes `fd`, open on `path`, moved to a high number; closes the
     /// previous one (the parent's, in a fork child).
     pub fn install(&self, fd: i32, path: &Path) {
-        let fd = move_high(fd);
-        let (dev, ino) = identity(fd).unwrap_or((0, 0));
         let c = CString::new(path.as_os_str().as_bytes()).unwrap_or_default();
         self.path.store(c.into_raw(), Release);
-        self.dev.store(dev, Relaxed);
-        self.ino.store(ino, Relaxed);
-        let old = self.fd.swap(fd, AcqRel);
+        let (old, fd) = self.adopt(fd);
         if old >= 0 && old != fd {
             // SAFETY: closing a descriptor this module opened: the parent's
             // trace file, in a fork child, where nothing else has run yet.
             unsafe { libc::close(old) };
         }
+    }
+
+    /// Makes `fd`, moved to a high number, this file's descriptor, with its
+    /// identity; returns the previous descriptor and the new one.
+    fn adopt(&self, fd: i32) -> (i32, i32) {
+        let fd = move_high(fd);
+        let (dev, ino) = identity(fd).unwrap_or((0, 0));
+        self.dev.store(dev, Relaxed);
+        self.ino.store(ino, Relaxed);
+        (self.fd.swap(fd, AcqRel), fd)
     }
 
     /// The descriptor, checked to be the file opened (reopened if the
@@ -96,14 +100,8 @@ impl TraceFile {
         if nfd < 0 {
             return -1;
         }
-        let nfd = move_high(nfd);
-        let (dev, ino) = identity(nfd).unwrap_or((0, 0));
-        self.dev.store(dev, Relaxed);
-        self.ino.store(ino, Relaxed);
         // The old number is the program's now (or closed): not closed here.
-        self.fd.store(nfd, Release);
-        REOPENED.fetch_add(1, Relaxed);
-        nfd
+        self.adopt(nfd).1
     }
 
     /// Writes all of `bytes` (checked descriptor); a failure is counted.
@@ -138,19 +136,21 @@ impl TraceFile {
 
     /// The file's size, if it can be read.
     pub fn size(&self) -> Option<u64> {
-        // SAFETY: fstat fills the struct we own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        (unsafe { libc::fstat(self.fd(), &mut st) } == 0).then_some(st.st_size as u64)
+        stat(self.fd()).map(|st| st.st_size as u64)
     }
+}
+
+/// `fstat` of `fd`, or None if it is not open.
+fn stat(fd: i32) -> Option<libc::stat> {
+    // SAFETY: stat is plain data; fstat fills it, and a bad fd only fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
 }
 
 /// Device and inode of `fd`, or None if it is not open.
 fn identity(fd: i32) -> Option<(u64, u64)> {
-    // SAFETY: fstat fills the struct we own; a bad fd only fails.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev as u64, st.st_ino as u64))
+    stat(fd).map(|st| (st.st_dev, st.st_ino))
 }
 
 /// The lowest number trace files are moved to: three quarters of the
@@ -177,8 +177,8 @@ fn move_high(fd: i32) -> i32 {
     high
 }
 
-/// The end-of-image report of trace writes that failed and of trace files
-/// the program closed (async-signal-safe: a fixed buffer, no allocation).
+/// The end-of-image report of trace writes that failed (async-signal-safe:
+/// a fixed buffer, no allocation).
 pub fn report_failures(pid: u32) {
     let (n, bytes, errno) = (FAILED_WRITES.load(Relaxed), FAILED_BYTES.load(Relaxed), FIRST_ERRNO.load(Relaxed));
     if n > 0 {
@@ -197,12 +197,6 @@ pub fn report_failures(pid: u32) {
 /// Events lost because their chunk could not be written.
 pub fn failed_events() -> u64 {
     FAILED_EVENTS.load(Relaxed)
-}
-
-/// Times a trace file was reopened because the program closed or replaced
-/// its descriptor (for tests).
-pub fn reopened() -> u64 {
-    REOPENED.load(Relaxed)
 }
 
 /// A name for the errors a trace write meets, without `strerror` (which
@@ -233,13 +227,19 @@ mod tests {
         d
     }
 
-    #[test]
-    fn opens_high_and_survives_the_program_closing_it() {
-        let p = temp("a");
+    /// A trace file installed on a fresh file `name`, and its descriptor.
+    fn installed(name: &str) -> (TraceFile, std::path::PathBuf, i32) {
+        let p = temp(name);
         let f = std::fs::OpenOptions::new().append(true).create(true).open(&p).unwrap();
         let t = TraceFile::new();
         t.install(f.into_raw_fd(), &p);
         let fd = t.fd.load(Relaxed);
+        (t, p, fd)
+    }
+
+    #[test]
+    fn opens_high_and_survives_the_program_closing_it() {
+        let (t, p, fd) = installed("a");
         assert!(fd >= high_base(), "{fd}");
         assert!(t.write_all(b"one\n"));
         // The program closes it and opens a file of its own at that number.
@@ -249,9 +249,8 @@ mod tests {
         let o = std::fs::File::create(&other).unwrap().into_raw_fd();
         // SAFETY: (test) moving the program's file onto the old number.
         assert_eq!(unsafe { libc::dup2(o, fd) }, fd);
-        let before = reopened();
         assert!(t.write_all(b"two\n"));
-        assert!(reopened() > before);
+        assert_ne!(t.fd.load(Relaxed), fd, "reopened at another number");
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\ntwo\n");
         assert_eq!(std::fs::read_to_string(&other).unwrap(), "", "nothing of the trace in the program's file");
         // SAFETY: (test) closing the test's descriptors.
@@ -266,11 +265,7 @@ mod tests {
 
     #[test]
     fn a_write_that_cannot_be_done_is_counted() {
-        let p = temp("gone");
-        let f = std::fs::OpenOptions::new().append(true).create(true).open(&p).unwrap();
-        let t = TraceFile::new();
-        t.install(f.into_raw_fd(), &p);
-        let fd = t.fd.load(Relaxed);
+        let (t, p, fd) = installed("gone");
         // SAFETY: (test) the program closes it, and the file is gone.
         unsafe { libc::close(fd) };
         std::fs::remove_file(&p).unwrap();

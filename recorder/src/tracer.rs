@@ -89,13 +89,13 @@ extern "C" fn graph_entry(ent: &GraphEnt, user: &Fgraph, _regs: &mut FtraceRegs)
     if d < user.private {
         if let Some(l) = local_if_cached(ent.task_var(user)) {
             if l.open.get() <= d {
-                if let (Some(id), Some(dp)) = (lookup_published(ent.func), l.depths()) {
+                if let (Some(id), Some((slot, dp))) = (lookup_published(ent.func), l.slotted()) {
                     // SAFETY: d < user.private, which is FAST_DEPTH (only
                     // `graph_user` registers this callback), <= DEPTH_SLOTS,
                     // the length of `ids`.
                     unsafe { dp.ids.get_unchecked(d) }.store(id, Relaxed);
                     let (base, now) = (Event::entry(id, 0), fast_ticks());
-                    if l.try_emit_slotted(base, now) {
+                    if Local::try_emit_in(slot, base, now) {
                         l.open.set(d + 1);
                         return true;
                     }
@@ -163,13 +163,13 @@ extern "C" fn graph_return(ret: &GraphRet, user: &Fgraph, _regs: &mut FtraceRegs
     let d = ret.depth;
     if d < user.private {
         if let Some(l) = local_if_cached(ret.task_var(user)) {
-            if let (true, Some(dp)) = (l.open.get() <= d + 1, l.depths()) {
+            if let (true, Some((slot, dp))) = (l.open.get() <= d + 1, l.slotted()) {
                 // SAFETY: d < user.private, which is FAST_DEPTH (only
                 // `graph_user` registers this callback), <= DEPTH_SLOTS,
                 // the length of `ids`.
                 let id = unsafe { dp.ids.get_unchecked(d) }.load(Relaxed);
                 let (base, now) = (Event::exit(id, 0), fast_ticks());
-                if l.try_emit_slotted(base, now) {
+                if Local::try_emit_in(slot, base, now) {
                     l.open.set(d);
                     return;
                 }

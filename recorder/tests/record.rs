@@ -156,6 +156,20 @@ fn qemu() -> Option<&'static [String]> {
     .as_deref()
 }
 
+/// Runs `prog args` without the recorder (through qemu-user if the tests
+/// run under it).
+fn run_untraced(prog: &Path, args: &[&str]) -> Output {
+    let mut c = match qemu() {
+        None => Command::new(prog),
+        Some(q) => {
+            let mut c = Command::new(&q[0]);
+            c.args(&q[1..]).arg(prog);
+            c
+        }
+    };
+    c.args(args).output().unwrap()
+}
+
 /// True (with the reason on stderr) when the tests run under qemu-user,
 /// for the tests that cannot run there (see the module docs).
 fn unavailable_under_qemu(test: &str, why: &str) -> bool {
@@ -441,10 +455,7 @@ fn a_program_filling_the_descriptor_table_keeps_its_file_and_the_losses_are_repo
 #[test]
 fn the_programs_descriptors_are_as_untraced() {
     let b = built();
-    let untraced = match qemu() {
-        None => Command::new(&b.tracee).arg("first-fd").output().unwrap(),
-        Some(q) => Command::new(&q[0]).args(&q[1..]).arg(&b.tracee).arg("first-fd").output().unwrap(),
-    };
+    let untraced = run_untraced(&b.tracee, &["first-fd"]);
     let plain = counters(&untraced.stdout)[0]["first_fd"];
     let dir = trace_dir("first-fd", "function_graph");
     let out = record(&dir, &b.tracee, &["first-fd"], &[]);
@@ -460,10 +471,7 @@ fn the_programs_descriptors_are_as_untraced() {
 #[test]
 fn small_thread_stacks_keep_their_room() {
     let b = built();
-    let untraced = match qemu() {
-        None => Command::new(&b.tracee).arg("stack-room").output().unwrap(),
-        Some(q) => Command::new(&q[0]).args(&q[1..]).arg(&b.tracee).arg("stack-room").output().unwrap(),
-    };
+    let untraced = run_untraced(&b.tracee, &["stack-room"]);
     let plain = counters(&untraced.stdout)[0]["stack_room"];
     let dir = trace_dir("stack-room", "function_graph");
     let out = record(&dir, &b.tracee, &["stack-room"], &[]);

@@ -24,10 +24,10 @@ extern "C" {
 /// Makes `len` bytes of code at `addr` visible to instruction fetch on this
 /// core.
 pub fn flush_icache(addr: usize, len: usize) {
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "s390x")))]
     // SAFETY: `__clear_cache` only performs cache maintenance on the given
     // range; it neither reads nor writes memory contents and is valid for
     // any mapped range, which callers guarantee (they just wrote it).
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "s390x")))]
     unsafe {
         __clear_cache(addr as *mut libc::c_char, (addr + len) as *mut libc::c_char);
     }

@@ -160,6 +160,7 @@ fn set_seen(g: (u64, u64)) {
 fn start_module_watch() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
+        WATCHER_PID.store(std::process::id(), Relaxed);
         // Read here, not on the new thread: the caller has just read the
         // modules, and a dlopen before the thread first runs must count.
         set_seen(crate::sites::loader_generation());
@@ -172,6 +173,16 @@ fn start_module_watch() {
             eprintln!("ftramp: cannot start the module watcher ({e}); call ftrace().refresh() after dlopen");
         }
     });
+}
+
+/// The process the module watcher was started in (0: none).
+static WATCHER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Whether this process has a module watcher thread (not a fork child of
+/// the process that started it): if not, [`refresh_if_modules_changed`]
+/// is the caller's to call.
+pub fn module_watcher_running() -> bool {
+    WATCHER_PID.load(Relaxed) == std::process::id()
 }
 
 /// The module watcher's step: if the loader's counters changed since the
