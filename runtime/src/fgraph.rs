@@ -1098,7 +1098,7 @@ fn push_slow(sh: &Shadow, sp: usize, ret: usize) -> bool {
 /// frame's fixed words are written before the callbacks, at the data
 /// cursor (the reservations move them up, see [`GraphEnt::reserve`]), so
 /// that only the FRAME header is left for after them.
-#[inline(never)]
+#[inline(always)]
 fn push(sh: &Shadow, ip: usize, fregs: &mut FtraceRegs) {
     let sp = fregs.stack_pointer();
     let ret = fregs.return_address();

@@ -5,11 +5,12 @@
 //! XRay's no-op handler (entry and exit) on the same empty function, side
 //! by side in one run.
 //!
-//! Two measures per row: wall time per call (best of several runs; noisy
-//! on shared machines) and, with `--callgrind`, instructions per call from
-//! valgrind's callgrind (exact and repeatable): the difference between two
-//! runs with different call counts, divided by the difference in calls, so
-//! set-up costs cancel out.
+//! Two measures per row: wall time per call (best of [`ROUNDS`] rounds
+//! that each time every row once, interleaved; noisy on shared machines)
+//! and, with `--callgrind`, instructions per call from valgrind's
+//! callgrind (exact and repeatable): the difference between two runs with
+//! different call counts, divided by the difference in calls, so set-up
+//! costs cancel out.
 
 use ftramp_runtime::fgraph::{self, Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::fprobe::{self, EntryAction, Fprobe};
@@ -168,25 +169,49 @@ fn ratio(t: &[Row], a: &str, b: &str) -> (f64, Option<f64>) {
     }
 }
 
+/// Timing rounds: every row is timed once per round, rows interleaved,
+/// and each row keeps its fastest round.
+pub const ROUNDS: usize = 7;
+
 /// Runs the benchmark and prints the table and the ratios.
+///
+/// The rows are timed in interleaved rounds (each round times every row
+/// once, XRay's included) rather than one row's runs back to back: on a
+/// shared machine the speed drifts over seconds, and a ratio of two rows
+/// timed minutes apart measures the drift as much as the tracers.
 pub fn run(calls: u64, callgrind: bool) {
     let exe = std::env::current_exe().expect("own path");
-    let mut table = Vec::new();
-    for (mode, arg, name) in Mode::ALL {
+    let xray = build_xray(&xray_source());
+    let xray_rows = [("XRay untraced", false), ("XRay no-op handler (entry+exit)", true)];
+    for (mode, _, _) in Mode::ALL {
         time(mode, calls / 10); // warm up
-        let ns = (0..5).map(|_| time(mode, calls)).fold(f64::INFINITY, f64::min);
-        let ir = callgrind
-            .then(|| per_call_ir(&exe, |n| vec!["--quiet".into(), "--mode".into(), arg.into(), "--calls".into(), n.to_string()]))
-            .flatten();
-        table.push(Row { name: name.to_string(), ns, ir });
     }
-    if let Some(x) = build_xray(&xray_source()) {
-        for (name, traced) in [("XRay untraced", false), ("XRay no-op handler (entry+exit)", true)] {
-            let ns = (0..5).filter_map(|_| xray_ns(&x, calls, traced)).fold(f64::INFINITY, f64::min);
+    let mut best = vec![f64::INFINITY; Mode::ALL.len() + xray_rows.len()];
+    for _ in 0..ROUNDS {
+        for (i, (mode, _, _)) in Mode::ALL.iter().enumerate() {
+            best[i] = best[i].min(time(*mode, calls));
+        }
+        if let Some(x) = &xray {
+            for (j, (_, traced)) in xray_rows.iter().enumerate() {
+                if let Some(ns) = xray_ns(x, calls, *traced) {
+                    best[Mode::ALL.len() + j] = best[Mode::ALL.len() + j].min(ns);
+                }
+            }
+        }
+    }
+    let mut table = Vec::new();
+    for (i, (_, arg, name)) in Mode::ALL.iter().enumerate() {
+        let ir = callgrind
+            .then(|| per_call_ir(&exe, |n| vec!["--quiet".into(), "--mode".into(), arg.to_string(), "--calls".into(), n.to_string()]))
+            .flatten();
+        table.push(Row { name: name.to_string(), ns: best[i], ir });
+    }
+    if let Some(x) = xray {
+        for (j, (name, traced)) in xray_rows.into_iter().enumerate() {
             let ir = callgrind
                 .then(|| per_call_ir(&x, |n| vec![n.to_string(), if traced { "traced".into() } else { "untraced".into() }]))
                 .flatten();
-            table.push(Row { name: name.to_string(), ns, ir });
+            table.push(Row { name: name.to_string(), ns: best[Mode::ALL.len() + j], ir });
         }
         let _ = std::fs::remove_file(x);
     }

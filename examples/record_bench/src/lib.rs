@@ -12,7 +12,9 @@
 //!   trace and the tracer's exit all count;
 //! * **bytes/call** = size of everything the tracer wrote / traced calls.
 //!
-//! Each run is repeated and the fastest kept (the machine may be shared).
+//! Each run is repeated and the fastest kept (the machine may be shared),
+//! in interleaved rounds: each round runs every build and every tracer
+//! once, so that the tracers compared see the same spells of contention.
 //! A tracer whose tool is missing is skipped with the reason.
 
 use std::fmt::Write as _;
@@ -25,7 +27,7 @@ use std::time::Instant;
 pub struct Options {
     /// Loop iterations of the tracee (5 calls each).
     pub iterations: u64,
-    /// Runs per measurement; the fastest is kept.
+    /// Rounds (each runs every build and tracer once); the fastest run of each is kept.
     pub reps: usize,
     /// The `ftramp` binary; None: next to this program, else on `PATH`.
     pub ftramp: Option<PathBuf>,
@@ -186,30 +188,62 @@ fn children_cpu() -> f64 {
     (field(16) + field(17)) / hz
 }
 
-/// The fastest of `reps` runs of `make()` (wall and CPU minima taken
-/// separately), after `before()` each time (not timed); the last run's
-/// output.
-fn best_run(
-    reps: usize,
-    mut before: impl FnMut(),
-    mut make: impl FnMut() -> Command,
-) -> Result<(Time, std::process::Output), String> {
-    let mut best = Time {
-        wall: f64::INFINITY,
-        cpu: f64::INFINITY,
-    };
-    let mut last = None;
-    for _ in 0..reps.max(1) {
-        before();
-        let mut cmd = make();
-        let cpu = children_cpu();
-        let t = Instant::now();
-        let out = run_ok(&mut cmd)?;
-        best.wall = best.wall.min(t.elapsed().as_secs_f64());
-        best.cpu = best.cpu.min(children_cpu() - cpu);
-        last = Some(out);
+/// One measured command of the benchmark: an untraced build or a tracer.
+struct Job<'a> {
+    /// Called before each run, not timed (a fresh output directory).
+    before: Box<dyn Fn() + 'a>,
+    make: Box<dyn Fn() -> Command + 'a>,
+    /// The fastest run so far (wall and CPU minima taken separately).
+    best: Time,
+    /// The last run's output, or why a run failed (the job is then dropped).
+    last: Result<Option<std::process::Output>, String>,
+}
+
+impl<'a> Job<'a> {
+    fn new(before: impl Fn() + 'a, make: impl Fn() -> Command + 'a) -> Self {
+        Job {
+            before: Box::new(before),
+            make: Box::new(make),
+            best: Time {
+                wall: f64::INFINITY,
+                cpu: f64::INFINITY,
+            },
+            last: Ok(None),
+        }
     }
-    Ok((best, last.expect("at least one run")))
+
+    /// The fastest run and the last run's output.
+    fn result(self) -> Result<(Time, std::process::Output), String> {
+        match self.last {
+            Ok(Some(out)) => Ok((self.best, out)),
+            Ok(None) => Err("never ran".into()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Runs every job `reps` times in interleaved rounds (each round runs each
+/// job once), keeping each job's fastest run.  Interleaved because the
+/// machine's speed drifts over seconds when it is shared: runs of two
+/// tracers taken minutes apart would compare the drift as much as the
+/// tracers, while in rounds both see the same spells of contention.
+fn run_rounds(reps: usize, jobs: &mut [Job]) {
+    for _ in 0..reps.max(1) {
+        for job in jobs.iter_mut().filter(|j| j.last.is_ok()) {
+            (job.before)();
+            let mut cmd = (job.make)();
+            let cpu = children_cpu();
+            let t = Instant::now();
+            match run_ok(&mut cmd) {
+                Ok(out) => {
+                    job.best.wall = job.best.wall.min(t.elapsed().as_secs_f64());
+                    job.best.cpu = job.best.cpu.min(children_cpu() - cpu);
+                    job.last = Ok(Some(out));
+                }
+                Err(e) => job.last = Err(e),
+            }
+        }
+    }
 }
 
 /// A tracer's measured row.
@@ -478,22 +512,6 @@ pub fn measure(opts: &Options, dir: &Path) -> Results {
         }
     }
     let n = opts.iterations.to_string();
-    for b in &builds {
-        match best_run(
-            opts.reps,
-            || {},
-            || {
-                let mut c = Command::new(&b.exe);
-                c.arg(&n);
-                c
-            },
-        ) {
-            Ok((time, _)) => res.builds.push((b.name, b.how.clone(), time)),
-            Err(e) => res
-                .skipped
-                .push(format!("build `{}` does not run: {e}", b.name)),
-        }
-    }
     let ftramp = match find_ftramp(opts.ftramp.as_deref()) {
         Ok(p) => Some(p),
         Err(e) => {
@@ -506,7 +524,10 @@ pub fn measure(opts: &Options, dir: &Path) -> Results {
             "uftrace record: uftrace is not installed (Debian: apt-get install uftrace)".into(),
         );
     }
-    for t in tracers(opts.iterations, ftramp.as_deref()) {
+    // The tracers that can run: (tracer, its build, its output directory).
+    let all = tracers(opts.iterations, ftramp.as_deref());
+    let mut runnable: Vec<(&Tracer, &Build, PathBuf)> = Vec::new();
+    for t in &all {
         let Some(b) = builds.iter().find(|b| b.name == t.build) else {
             if !res
                 .skipped
@@ -525,20 +546,53 @@ pub fn measure(opts: &Options, dir: &Path) -> Results {
             "trace-{}",
             t.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
         ));
-        let fresh = || {
-            let _ = std::fs::remove_dir_all(&out);
-            if t.mkdir {
-                let _ = std::fs::create_dir_all(&out);
-            }
-        };
-        match best_run(opts.reps, fresh, || (t.command)(&b.exe, &out)) {
+        runnable.push((t, b, out));
+    }
+    // Every untraced build and every tracer, run in interleaved rounds.
+    let mut jobs: Vec<Job> = builds
+        .iter()
+        .map(|b| {
+            let n = &n;
+            Job::new(
+                || {},
+                move || {
+                    let mut c = Command::new(&b.exe);
+                    c.arg(n);
+                    c
+                },
+            )
+        })
+        .collect();
+    for (t, b, out) in &runnable {
+        jobs.push(Job::new(
+            move || {
+                let _ = std::fs::remove_dir_all(out);
+                if t.mkdir {
+                    let _ = std::fs::create_dir_all(out);
+                }
+            },
+            move || (t.command)(&b.exe, out),
+        ));
+    }
+    run_rounds(opts.reps, &mut jobs);
+    let mut jobs = jobs.into_iter();
+    for (b, job) in builds.iter().zip(jobs.by_ref()) {
+        match job.result() {
+            Ok((time, _)) => res.builds.push((b.name, b.how.clone(), time)),
+            Err(e) => res
+                .skipped
+                .push(format!("build `{}` does not run: {e}", b.name)),
+        }
+    }
+    for ((t, b, out), job) in runnable.iter().zip(jobs) {
+        match job.result() {
             Ok((time, output)) => match calls_printed(&output.stdout) {
                 Some(calls) => res.rows.push(Row {
                     tracer: t.name.clone(),
                     build: b.name,
                     time,
                     calls,
-                    bytes: disk_bytes(&out),
+                    bytes: disk_bytes(out),
                     instr: None,
                 }),
                 None => res
@@ -548,7 +602,7 @@ pub fn measure(opts: &Options, dir: &Path) -> Results {
             Err(e) => res.skipped.push(format!("{}: {e}", t.name)),
         }
         if !opts.keep {
-            let _ = std::fs::remove_dir_all(&out);
+            let _ = std::fs::remove_dir_all(out);
         }
     }
     if opts.callgrind {
@@ -565,7 +619,7 @@ pub fn report(opts: &Options, res: &Results) -> String {
     let calls = opts.iterations * 5 + 1;
     let _ = writeln!(
         s,
-        "record benchmark: {calls} traced calls per run ({} iterations of a 5-call tree), fastest of {} runs",
+        "record benchmark: {calls} traced calls per run ({} iterations of a 5-call tree), fastest of {} interleaved rounds",
         opts.iterations, opts.reps
     );
     let _ = writeln!(

@@ -10,7 +10,7 @@ struct Args {
     /// Loop iterations of the tracee (5 traced calls each).
     #[arg(long, default_value_t = 1_000_000)]
     iterations: u64,
-    /// Runs per measurement; the fastest is kept.
+    /// Interleaved rounds, each running every build and tracer once; the fastest run of each is kept.
     #[arg(long, default_value_t = 3)]
     reps: usize,
     /// The ftramp binary (default: next to this program, else on PATH).
