@@ -1024,13 +1024,16 @@ fn mask_of(ip: usize) -> u16 {
 
 /// The internal ops' callback, called by the trampolines directly (a raw
 /// entry: it enters dispatch itself and never reads `op`): push a frame,
-/// call the entry callbacks.  Kept tiny, with the work in [`push`]: the
-/// grace period treats its first [`crate::dispatch::THUNK_CODE`] bytes as
-/// dispatch code (a thread there before the guard's increment or after its
-/// decrement still returns into a trampoline that must not be freed).
+/// call the entry callbacks.  [`push`] is inlined (one call level and its
+/// register saves fewer, 10 instructions per traced call), and the rare
+/// cases stay out of line ([`push_slow`], [`call_entries`]), so that the
+/// whole function stays within the [`crate::dispatch::THUNK_CODE`] bytes
+/// the grace period treats as dispatch code (a thread before the guard's
+/// increment or after its decrement still returns into a trampoline that
+/// must not be freed; a test checks the size on every arch).
 pub(crate) extern "C" fn graph_entry(ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
-    let _g = DispatchGuard::enter_at(|| fregs.stack_pointer());
-    push(shadow(), ip, fregs);
+    let g = DispatchGuard::enter_at(|| fregs.stack_pointer());
+    push(&g.thread().shadow, ip, fregs);
 }
 
 /// [`graph_entry`] as the list function calls it, inside its guard.
@@ -1342,8 +1345,8 @@ impl GraphRet {
 pub extern "C" fn ftrace_return_to_handler(fregs: &mut FtraceRegs) -> usize {
     // The returning function's sp at its entry.
     let sp = fregs.stack_pointer().wrapping_sub(RET_SP_DELTA);
-    let _g = DispatchGuard::enter_at(|| sp);
-    pop_return(shadow(), fregs, sp)
+    let g = DispatchGuard::enter_at(|| sp);
+    pop_return(&g.thread().shadow, fregs, sp)
 }
 
 #[cold]

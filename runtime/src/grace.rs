@@ -211,6 +211,9 @@ const GENERATION_ONE: u64 = 1 << 32;
 /// thread that created it.
 #[must_use = "the thread is inside dispatch only while the guard lives"]
 pub struct DispatchGuard {
+    /// The thread's block, looked up once for the guard and its section
+    /// (the preload's lookup tests for the thread's first use each time).
+    t: &'static crate::thread::ThreadState,
     _not_send: PhantomData<*mut ()>,
 }
 
@@ -267,7 +270,7 @@ impl DispatchGuard {
                 if nested(t, sp()) {
                     // The depth now counts this section (and only it).
                     compiler_fence(SeqCst);
-                    return DispatchGuard { _not_send: PhantomData };
+                    return DispatchGuard { t, _not_send: PhantomData };
                 }
                 // (A signal handler may have changed it meanwhile.)
                 w = d.load(Relaxed);
@@ -275,7 +278,13 @@ impl DispatchGuard {
         }
         d.store(w.wrapping_add(1), Relaxed);
         compiler_fence(SeqCst);
-        DispatchGuard { _not_send: PhantomData }
+        DispatchGuard { t, _not_send: PhantomData }
+    }
+
+    /// The calling thread's block, as the guard found it.
+    #[inline(always)]
+    pub(crate) fn thread(&self) -> &'static crate::thread::ThreadState {
+        self.t
     }
 }
 
@@ -337,7 +346,7 @@ impl Drop for DispatchGuard {
     #[inline(always)]
     fn drop(&mut self) {
         compiler_fence(SeqCst);
-        let t = crate::thread::this();
+        let t = self.t;
         let d = &t.dispatch;
         // The depth down; the generation up when it reaches 0.  (Written
         // as a choice on the decremented word: `lea`, `add`, `cmov`, seven
