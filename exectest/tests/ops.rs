@@ -239,11 +239,15 @@ fn ipmodify_redirects_and_a_second_one_is_refused() {
     assert_eq!(r, expect_args([1, 2, 3, 4, 5, 6, 7, 8], 1.0, 2.0));
 }
 
-#[test]
-fn stress_register_unregister_while_threads_call() {
+/// Registers and unregisters a churning ops on `tracee_two` (and on every
+/// `tracee_*` site every other round) while four threads call it, with
+/// `permanent` counting ops on it throughout; each must see every call.
+fn stress(permanent: usize) {
     let _l = lock();
-    let whole = counting(Filter::new().symbol("tracee_two"));
-    ftrace().register(whole.clone()).unwrap();
+    let whole: Vec<Arc<Ops>> = (0..permanent).map(|_| counting(Filter::new().symbol("tracee_two"))).collect();
+    for w in &whole {
+        ftrace().register(w.clone()).unwrap();
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..4)
@@ -271,9 +275,27 @@ fn stress_register_unregister_while_threads_call() {
     for t in threads {
         t.join().unwrap();
     }
-    ftrace().unregister(&whole).unwrap();
-    assert_eq!(count_of(&whole) as usize, calls.load(SeqCst), "the whole-run ops saw every call");
+    for w in &whole {
+        ftrace().unregister(w).unwrap();
+        assert_eq!(count_of(w) as usize, calls.load(SeqCst), "a whole-run ops saw every call");
+    }
     assert_eq!(ftrace().quarantined(), 0);
+}
+
+/// One permanent ops: the site goes from direct to list dispatch and back
+/// with each churning ops.
+#[test]
+fn stress_register_unregister_while_threads_call() {
+    stress(1);
+}
+
+/// Two permanent ops: the site stays on the list function, whose site
+/// table each register and unregister replaces while the threads walk it
+/// (registering used to free the replaced table at once: the walkers read
+/// freed memory and crashed).
+#[test]
+fn stress_register_unregister_while_threads_walk_the_list() {
+    stress(2);
 }
 
 /// The discovery tests' shared library (built with the arch's site flags).

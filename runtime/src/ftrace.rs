@@ -205,10 +205,8 @@ pub fn refresh_if_modules_changed() {
         return;
     }
     if st.refresh().is_ok() {
-        if let Ok(Some(old)) = st.apply() {
-            // No grace period of its own (see retire_lazily).
-            let bytes = old.approx_bytes();
-            grace::retire_lazily(old, bytes);
+        if let Ok(old) = st.apply() {
+            retire_table(old);
         }
         set_seen(now);
         drop(st);
@@ -241,6 +239,17 @@ fn run_module_hooks() {
 pub fn ftrace() -> &'static Ftrace {
     static F: OnceLock<Ftrace> = OnceLock::new();
     F.get_or_init(|| Ftrace { state: Mutex::new(State::default()) })
+}
+
+/// Frees a site table that [`State::apply`] replaced once no thread can be
+/// reading it: the list function may be walking it on another thread
+/// right now.  Without a grace period of its own (registering needs none
+/// otherwise, see [`grace::retire_lazily`]).
+fn retire_table(old: Option<Box<SiteTable>>) {
+    if let Some(t) = old {
+        let bytes = t.approx_bytes();
+        grace::retire_lazily(t, bytes);
+    }
 }
 
 fn tier_of(ops: &[Arc<Ops>]) -> Tier {
@@ -284,11 +293,16 @@ impl Ftrace {
         let entry = ops.trampoline_entry();
         ops.entry.store(entry, std::sync::atomic::Ordering::Release);
         st.ops.push(ops);
-        if let Err(e) = st.apply() {
-            // Leave things as they were.
-            st.ops.pop();
-            let _ = st.apply();
-            return Err(e.into());
+        match st.apply() {
+            Ok(old_table) => retire_table(old_table),
+            Err(e) => {
+                // Leave things as they were.
+                st.ops.pop();
+                if let Ok(old_table) = st.apply() {
+                    retire_table(old_table);
+                }
+                return Err(e.into());
+            }
         }
         Ok(n)
     }
@@ -347,7 +361,9 @@ impl Ftrace {
             }
             Err(e) => {
                 st.ops[i] = removed;
-                let _ = st.apply();
+                if let Ok(old_table) = st.apply() {
+                    retire_table(old_table);
+                }
                 Err(e.into())
             }
         }
