@@ -212,6 +212,41 @@ fn the_recursion_guard_stops_a_callback_from_reentering_itself() {
     ftrace().unregister(&ops).unwrap();
 }
 
+// SAFETY: tests/c/harness.c's jumping callback and the call that arms it
+// (harness_call_jumping calls `f` once, under sigsetjmp).
+unsafe extern "C" {
+    safe static harness_jump_calls: u64;
+    fn harness_jumping_cb(ip: usize, parent: usize, op: usize, fregs: usize);
+    fn harness_call_jumping(f: extern "C" fn(i64, i64) -> i64, a: i64, b: i64) -> i32;
+}
+
+/// A `RECURSION` callback that `siglongjmp`s out of dispatch leaves its
+/// guard set; the next traced call finds the section left by the jump and
+/// releases the guard with the rest of what the section held, so the
+/// callback runs again (without the release it would be refused as a
+/// recursion forever).
+#[test]
+fn a_recursion_guard_left_by_a_jump_is_released() {
+    let _l = lock();
+    // SAFETY: the C callback has the ops callback's ABI (four words).
+    let cb = unsafe { std::mem::transmute::<unsafe extern "C" fn(usize, usize, usize, usize), extern "C" fn(usize, usize, &Ops, &mut FtraceRegs)>(harness_jumping_cb) };
+    let ops = Arc::new(Ops::new(cb).flags(OpsFlags::RECURSION).filter(Filter::new().symbol("tracee_two")));
+    ftrace().register(ops.clone()).unwrap();
+    let calls = || unsafe { std::ptr::read_volatile(&raw const harness_jump_calls) };
+    let before = calls();
+    // SAFETY: tracee_two is a plain C function of two integers.
+    assert_eq!(unsafe { harness_call_jumping(tracee_two, 1, 2) }, 1, "the callback jumped out");
+    assert_eq!(calls() - before, 1);
+    let left = ftramp_runtime::grace::sections_left_by_jump();
+    for i in 0..3 {
+        assert_eq!(tracee_two(i, 1), i * 1000 + 1);
+    }
+    assert_eq!(ftramp_runtime::grace::sections_left_by_jump() - left, 1, "the left section was found");
+    assert_eq!((calls() - before, ops.recursion_misses()), (4, 0), "the callback ran at each call after the jump");
+    assert_eq!(ftramp_runtime::grace::dispatch_depth(), 0);
+    ftrace().unregister(&ops).unwrap();
+}
+
 extern "C" fn redirect(_ip: usize, _parent: usize, _op: &Ops, fregs: &mut FtraceRegs) {
     fregs.set_instruction_pointer(addr!(tracee_args_alt));
 }

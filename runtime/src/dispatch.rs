@@ -15,38 +15,34 @@
 use crate::grace::DispatchGuard;
 use crate::ops::{Ops, OpsFlags};
 use crate::regs::FtraceRegs;
-use std::cell::Cell;
+use crate::thread::ThreadState;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 
-thread_local! {
-    /// Set while a `RECURSION` callback runs on this thread.
-    static IN_GUARDED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Calls `op.func` with the recursion guard when the ops asked for it.
+/// Calls `op.func` with the recursion guard when the ops asked for it;
+/// `t` is the calling thread's block (the caller's guard looked it up).
 #[inline]
-fn call(ip: usize, parent_ip: usize, op: &Ops, fregs: &mut FtraceRegs) {
+fn call(t: &ThreadState, ip: usize, parent_ip: usize, op: &Ops, fregs: &mut FtraceRegs) {
     if let Some(f) = op.listed_func {
         // A raw entry, inside the list function's guard.
         return f(ip, parent_ip, op, fregs);
     }
     if op.get_flags().contains(OpsFlags::RECURSION) {
-        if IN_GUARDED.with(|g| g.replace(true)) {
+        if t.in_guarded.replace(true) {
             op.recursion_misses.fetch_add(1, Ordering::Relaxed);
             return;
         }
         (op.func())(ip, parent_ip, op, fregs);
-        IN_GUARDED.with(|g| g.set(false));
+        t.in_guarded.set(false);
     } else {
         (op.func())(ip, parent_ip, op, fregs);
     }
 }
 
-/// A dispatch section of this thread was left by a jump
+/// A dispatch section of thread `t` (the caller's) was left by a jump
 /// ([`crate::grace`]): the `RECURSION` guard it held is released.
-pub(crate) fn dispatch_left() {
-    let _ = IN_GUARDED.try_with(|g| g.set(false));
+pub(crate) fn dispatch_left(t: &ThreadState) {
+    t.in_guarded.set(false);
 }
 
 /// `op->entry` of ops without `RECURSION`.
@@ -57,8 +53,8 @@ pub extern "C" fn track_thunk(ip: usize, parent_ip: usize, op: &Ops, fregs: &mut
 
 /// `op->entry` of `RECURSION` ops.
 pub extern "C" fn recursion_thunk(ip: usize, parent_ip: usize, op: &Ops, fregs: &mut FtraceRegs) {
-    let _g = DispatchGuard::enter_at(|| fregs.stack_pointer());
-    call(ip, parent_ip, op, fregs)
+    let g = DispatchGuard::enter_at(|| fregs.stack_pointer());
+    call(g.thread(), ip, parent_ip, op, fregs)
 }
 
 /// Conservative ranges covering each thunk's code before its guard has
@@ -127,7 +123,7 @@ pub fn publish(table: SiteTable) -> Option<Box<SiteTable>> {
 
 /// `ftrace_ops_list_func`: what `args-list` / `regs-list` trampolines call.
 pub extern "C" fn list_func(ip: usize, parent_ip: usize, _op: usize, fregs: &mut FtraceRegs) {
-    let _g = DispatchGuard::enter_at(|| fregs.stack_pointer());
+    let g = DispatchGuard::enter_at(|| fregs.stack_pointer());
     let t = TABLE.load(Ordering::Acquire);
     if t.is_null() {
         return;
@@ -137,7 +133,7 @@ pub extern "C" fn list_func(ip: usize, parent_ip: usize, _op: usize, fregs: &mut
     let table = unsafe { &*t };
     if let Ok(i) = table.entries.binary_search_by_key(&ip, |e| e.0) {
         for op in &table.entries[i].1 {
-            call(ip, parent_ip, op, fregs);
+            call(g.thread(), ip, parent_ip, op, fregs);
         }
     }
 }

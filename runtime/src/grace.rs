@@ -338,7 +338,7 @@ fn left_by_jump(t: &crate::thread::ThreadState, sp: usize) -> bool {
     compiler_fence(SeqCst);
     LEFT_BY_JUMP.fetch_add(1, Relaxed);
     crate::fgraph::dispatch_left();
-    crate::dispatch::dispatch_left();
+    crate::dispatch::dispatch_left(t);
     true
 }
 

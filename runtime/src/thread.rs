@@ -51,12 +51,17 @@ pub(crate) struct ThreadState {
     pub(crate) dispatch_sp: Cell<usize>,
     /// `fgraph`'s shadow stack.
     pub(crate) shadow: Shadow,
+    /// `dispatch`'s recursion guard: set while a `RECURSION` ops callback
+    /// runs on this thread.  Here rather than in a thread-local of its own,
+    /// which in a shared library costs a `__tls_get_addr` call per traced
+    /// call (22 instructions; the recorder's `function` tracer).
+    pub(crate) in_guarded: Cell<bool>,
     /// [`arm`] ran on this thread.
     armed: Cell<bool>,
 }
 
 thread_local! {
-    static THREAD: ThreadState = const { ThreadState { dispatch: AtomicU64::new(0), dispatch_sp: Cell::new(usize::MAX), shadow: Shadow::new(), armed: Cell::new(false) } };
+    static THREAD: ThreadState = const { ThreadState { dispatch: AtomicU64::new(0), dispatch_sp: Cell::new(usize::MAX), shadow: Shadow::new(), in_guarded: Cell::new(false), armed: Cell::new(false) } };
 }
 
 /// This thread's block, as a plain reference so that hot paths compute its

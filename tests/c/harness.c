@@ -35,3 +35,33 @@ unsigned long arch_sp_mod(void)
 {
 	return ARCH_SP_MOD;
 }
+
+/* An ops callback that jumps out of dispatch the first time it is armed
+ * (exectest/tests/ops.rs: the recursion guard of a section left by a jump
+ * is released), and the call that arms it. */
+#include <setjmp.h>
+static sigjmp_buf harness_jump_env;
+static volatile int harness_jump_armed;
+unsigned long harness_jump_calls;
+
+void harness_jumping_cb(unsigned long ip, unsigned long parent, void *op, void *fregs)
+{
+	(void)ip, (void)parent, (void)op, (void)fregs;
+	harness_jump_calls++;
+	if (harness_jump_armed) {
+		harness_jump_armed = 0;
+		siglongjmp(harness_jump_env, 1);
+	}
+}
+
+/* Calls fn(a, b) with the jump armed: 1 when the callback jumped out of
+ * it, 0 when fn returned. */
+int harness_call_jumping(long (*fn)(long, long), long a, long b)
+{
+	if (sigsetjmp(harness_jump_env, 0))
+		return 1;
+	harness_jump_armed = 1;
+	fn(a, b);
+	harness_jump_armed = 0;
+	return 0;
+}
