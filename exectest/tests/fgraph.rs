@@ -765,6 +765,62 @@ fn filter_and_user_changes_leave_no_untraced_window() {
     assert_eq!(s.rets.load(SeqCst), calls);
 }
 
+extern "C" fn ops_nop(_ip: usize, _parent: usize, _op: &ftramp_runtime::ops::Ops, _f: &mut FtraceRegs) {}
+
+/// fgraph beside plain ops while both change under four calling threads:
+/// a user and an ops trace `tracee_two` for the whole run (the site is on
+/// the list function throughout, which calls fgraph's entry), while other
+/// ops (on it, or on every `tracee_*` site) and other fgraph users come
+/// and go.  Every call is traced exactly once by the whole-run user and
+/// ops, and every result is right.
+#[test]
+fn fgraph_beside_ops_while_both_come_and_go() {
+    use ftramp_runtime::ftrace::ftrace;
+    use ftramp_runtime::ops::Ops;
+    let _l = lock();
+    let s = new_stats();
+    let two = || Filter::new().symbol("tracee_two");
+    let u = Arc::new(Fgraph::new(count_two_entry, count_two_ret).filter(two()).skip_timestamp(true).private(s as *const Stats as usize));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    let ops = Arc::new(Ops::new(ops_count).filter(two()));
+    ftrace().register(ops.clone()).unwrap();
+    let ops_before = OPS_CALLS.load(SeqCst);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..4)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut calls = 0u64;
+                while !stop.load(SeqCst) {
+                    assert_eq!(tracee_two(t, calls as i64 % 1000), t * 1000 + calls as i64 % 1000);
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect();
+    let rounds = if cfg!(target_arch = "x86_64") { 200 } else { 50 };
+    for i in 0..rounds {
+        let f = if i % 2 == 0 { two() } else { Filter::new().glob("tracee_*").unwrap() };
+        let churn = Arc::new(Ops::new(ops_nop).filter(f));
+        ftrace().register(churn.clone()).unwrap();
+        if i % 10 == 0 {
+            let (other, _) = user(two().symbol("tracee_nested"));
+            fgraph::register_fgraph(other.clone()).unwrap();
+            fgraph::unregister_fgraph(&other).unwrap();
+        }
+        ftrace().unregister(&churn).unwrap();
+    }
+    stop.store(true, SeqCst);
+    let calls: u64 = callers.into_iter().map(|c| c.join().unwrap()).sum();
+    ftrace().unregister(&ops).unwrap();
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert!(calls > 0);
+    assert_eq!(OPS_CALLS.load(SeqCst) - ops_before, calls, "the whole-run ops saw every call");
+    assert_eq!((s.entries.load(SeqCst), s.rets.load(SeqCst), s.bad.load(SeqCst)), (calls, calls, 0), "the whole-run user saw every call and return");
+    assert_eq!(ftrace().quarantined(), 0);
+}
+
 extern "C" fn count_entry(_e: &GraphEnt, g: &Fgraph, _f: &mut FtraceRegs) -> bool {
     stats(g).entries.fetch_add(1, SeqCst);
     true
