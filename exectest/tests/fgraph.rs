@@ -768,10 +768,11 @@ fn filter_and_user_changes_leave_no_untraced_window() {
 extern "C" fn ops_nop(_ip: usize, _parent: usize, _op: &ftramp_runtime::ops::Ops, _f: &mut FtraceRegs) {}
 
 /// fgraph beside plain ops while both change under four calling threads:
-/// a user and an ops trace `tracee_two` for the whole run (the site is on
-/// the list function throughout, which calls fgraph's entry), while other
-/// ops (on it, or on every `tracee_*` site) and other fgraph users come
-/// and go.  Every call is traced exactly once by the whole-run user and
+/// two users (with different filters: the per-site bitmaps are in use)
+/// and an ops trace `tracee_two` for the whole run (the site is on the
+/// list function throughout, which calls fgraph's entry), while other ops
+/// (on it, or on every `tracee_*` site) and other fgraph users come and
+/// go.  Every call is traced exactly once by each whole-run user and the
 /// ops, and every result is right.
 #[test]
 fn fgraph_beside_ops_while_both_come_and_go() {
@@ -782,6 +783,11 @@ fn fgraph_beside_ops_while_both_come_and_go() {
     let two = || Filter::new().symbol("tracee_two");
     let u = Arc::new(Fgraph::new(count_two_entry, count_two_ret).filter(two()).skip_timestamp(true).private(s as *const Stats as usize));
     fgraph::register_fgraph(u.clone()).unwrap();
+    // A second whole-run user with another filter: the per-site bitmaps
+    // are in use, and replaced as users come and go.
+    let s2 = new_stats();
+    let u2 = Arc::new(Fgraph::new(count_two_entry, count_two_ret).filter(two().symbol("tracee_nested")).private(s2 as *const Stats as usize));
+    fgraph::register_fgraph(u2.clone()).unwrap();
     let ops = Arc::new(Ops::new(ops_count).filter(two()));
     ftrace().register(ops.clone()).unwrap();
     let ops_before = OPS_CALLS.load(SeqCst);
@@ -815,9 +821,12 @@ fn fgraph_beside_ops_while_both_come_and_go() {
     let calls: u64 = callers.into_iter().map(|c| c.join().unwrap()).sum();
     ftrace().unregister(&ops).unwrap();
     fgraph::unregister_fgraph(&u).unwrap();
+    fgraph::unregister_fgraph(&u2).unwrap();
     assert!(calls > 0);
     assert_eq!(OPS_CALLS.load(SeqCst) - ops_before, calls, "the whole-run ops saw every call");
-    assert_eq!((s.entries.load(SeqCst), s.rets.load(SeqCst), s.bad.load(SeqCst)), (calls, calls, 0), "the whole-run user saw every call and return");
+    for (i, s) in [s, s2].iter().enumerate() {
+        assert_eq!((s.entries.load(SeqCst), s.rets.load(SeqCst), s.bad.load(SeqCst)), (calls, calls, 0), "whole-run user {i} saw every call and return");
+    }
     assert_eq!(ftrace().quarantined(), 0);
 }
 
