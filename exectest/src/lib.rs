@@ -115,3 +115,38 @@ pub fn run_tests_in_child(tests: &[&str], env: &[(&str, &str)]) {
     assert!(out.status.success(), "the child ({env:?}) failed:\n{text}");
     assert!(text.contains(&format!("{} passed", tests.len())), "the child ran {tests:?}:\n{text}");
 }
+
+/// Threads that call traced functions until stopped, for the stress
+/// tests: thread `t` runs `body(t, n)` for n = 0, 1, 2, … .
+pub struct Callers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+impl Callers {
+    /// Starts `threads` callers.
+    pub fn start(threads: i64, body: fn(i64, u64)) -> Callers {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|t| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut n = 0;
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        body(t, n);
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        Callers { stop, threads }
+    }
+
+    /// Stops and joins them: the calls of `body` made in all (a panic in
+    /// one is the test's).
+    pub fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.threads.into_iter().map(|t| t.join().unwrap()).sum()
+    }
+}

@@ -735,18 +735,7 @@ fn filter_and_user_changes_leave_no_untraced_window() {
     let two = || Filter::new().symbol("tracee_two");
     let u = Arc::new(Fgraph::new(count_two_entry, count_two_ret).filter(two()).skip_timestamp(true).private(s as *const Stats as usize));
     fgraph::register_fgraph(u.clone()).unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let caller = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut calls = 0u64;
-            while !stop.load(SeqCst) {
-                assert_eq!(tracee_two(1, 2), 1002);
-                calls += 1;
-            }
-            calls
-        })
-    };
+    let caller = Callers::start(1, |_, _| assert_eq!(tracee_two(1, 2), 1002));
     for i in 0..10 {
         // The user's own filter grows and shrinks...
         fgraph::set_fgraph_filter(&u, two().symbol("tracee_nested")).unwrap();
@@ -756,8 +745,7 @@ fn filter_and_user_changes_leave_no_untraced_window() {
         fgraph::register_fgraph(other.clone()).unwrap();
         fgraph::unregister_fgraph(&other).unwrap();
     }
-    stop.store(true, SeqCst);
-    let calls = caller.join().unwrap();
+    let calls = caller.stop();
     fgraph::unregister_fgraph(&u).unwrap();
     assert!(calls > 0);
     assert_eq!(s.bad.load(SeqCst), 0);
@@ -791,20 +779,7 @@ fn fgraph_beside_ops_while_both_come_and_go() {
     let ops = Arc::new(Ops::new(ops_count).filter(two()));
     ftrace().register(ops.clone()).unwrap();
     let ops_before = OPS_CALLS.load(SeqCst);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let callers: Vec<_> = (0..4)
-        .map(|t| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut calls = 0u64;
-                while !stop.load(SeqCst) {
-                    assert_eq!(tracee_two(t, calls as i64 % 1000), t * 1000 + calls as i64 % 1000);
-                    calls += 1;
-                }
-                calls
-            })
-        })
-        .collect();
+    let callers = Callers::start(4, |t, n| assert_eq!(tracee_two(t, n as i64 % 1000), t * 1000 + n as i64 % 1000));
     let rounds = if cfg!(target_arch = "x86_64") { 200 } else { 50 };
     for i in 0..rounds {
         let f = if i % 2 == 0 { two() } else { Filter::new().glob("tracee_*").unwrap() };
@@ -817,8 +792,7 @@ fn fgraph_beside_ops_while_both_come_and_go() {
         }
         ftrace().unregister(&churn).unwrap();
     }
-    stop.store(true, SeqCst);
-    let calls: u64 = callers.into_iter().map(|c| c.join().unwrap()).sum();
+    let calls = callers.stop();
     ftrace().unregister(&ops).unwrap();
     fgraph::unregister_fgraph(&u).unwrap();
     fgraph::unregister_fgraph(&u2).unwrap();
@@ -885,21 +859,10 @@ fn registrations_from_several_threads_at_once() {
     use ftramp_runtime::ftrace::ftrace;
     use ftramp_runtime::ops::Ops;
     let _l = lock();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let callers: Vec<_> = (0..2)
-        .map(|t| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut n = 0i64;
-                while !stop.load(SeqCst) {
-                    assert_eq!(tracee_two(t, n % 1000), t * 1000 + n % 1000);
-                    assert_eq!(tracee_nested(4), expect_nested(4));
-                    n += 1;
-                }
-                n
-            })
-        })
-        .collect();
+    let callers = Callers::start(2, |t, n| {
+        assert_eq!(tracee_two(t, n as i64 % 1000), t * 1000 + n as i64 % 1000);
+        assert_eq!(tracee_nested(4), expect_nested(4));
+    });
     let regs: Vec<_> = (0..3)
         .map(|k| {
             std::thread::spawn(move || {
@@ -929,8 +892,7 @@ fn registrations_from_several_threads_at_once() {
     for r in regs {
         r.join().unwrap();
     }
-    stop.store(true, SeqCst);
-    let n: i64 = callers.into_iter().map(|c| c.join().unwrap()).sum();
+    let n = callers.stop();
     assert!(n > 0);
     assert_eq!(ftrace().quarantined(), 0);
 }

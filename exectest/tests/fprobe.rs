@@ -253,21 +253,10 @@ fn two_fprobes_on_one_function_are_both_called() {
 fn register_unregister_while_threads_call() {
     let _l = lock();
     let (fp, s) = probe(64);
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut n = 0i64;
-                while !stop.load(SeqCst) {
-                    let (a, b) = (t * 100_000 + n % 1000, n % 977);
-                    assert_eq!(tracee_two(a, b), a * 1000 + b);
-                    n += 1;
-                }
-                n
-            })
-        })
-        .collect();
+    let callers = Callers::start(4, |t, n| {
+        let (a, b) = (t * 100_000 + n as i64 % 1000, n as i64 % 977);
+        assert_eq!(tracee_two(a, b), a * 1000 + b);
+    });
     let cycles = if cfg!(target_arch = "x86_64") { 40 } else { 15 };
     let mut total = (0, 0);
     for _ in 0..cycles {
@@ -285,9 +274,8 @@ fn register_unregister_while_threads_call() {
         std::thread::sleep(std::time::Duration::from_millis(1));
         assert_eq!(s.late.load(SeqCst), 0, "a handler ran after unregister returned");
     }
-    stop.store(true, SeqCst);
-    let calls: i64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
-    assert!(total.0 > 0 && total.1 > 0 && total.0 <= calls as u64, "{total:?} of {calls} calls");
+    let calls = callers.stop();
+    assert!(total.0 > 0 && total.1 > 0 && total.0 <= calls, "{total:?} of {calls} calls");
     assert_eq!((s.late.load(SeqCst), s.bad.load(SeqCst), fprobe::registered()), (0, 0, 0));
 }
 

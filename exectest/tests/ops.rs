@@ -13,7 +13,7 @@ use ftramp_exectest::*;
 use ftramp_runtime::ftrace::{ftrace, OpsError, SiteDispatch};
 use ftramp_runtime::ops::{Filter, Ops, OpsFlags};
 use ftramp_runtime::FtraceRegs;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 static LOCK: Mutex<()> = Mutex::new(());
@@ -232,6 +232,8 @@ fn a_recursion_guard_left_by_a_jump_is_released() {
     let cb = unsafe { std::mem::transmute::<unsafe extern "C" fn(usize, usize, usize, usize), extern "C" fn(usize, usize, &Ops, &mut FtraceRegs)>(harness_jumping_cb) };
     let ops = Arc::new(Ops::new(cb).flags(OpsFlags::RECURSION).filter(Filter::new().symbol("tracee_two")));
     ftrace().register(ops.clone()).unwrap();
+    // SAFETY: (test) a C counter this thread alone writes, read volatile
+    // because C code updates it.
     let calls = || unsafe { std::ptr::read_volatile(&raw const harness_jump_calls) };
     let before = calls();
     // SAFETY: tracee_two is a plain C function of two integers.
@@ -283,22 +285,7 @@ fn stress(permanent: usize) {
     for w in &whole {
         ftrace().register(w.clone()).unwrap();
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let calls = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let (stop, calls) = (stop.clone(), calls.clone());
-            std::thread::spawn(move || {
-                let mut n = 0usize;
-                while !stop.load(SeqCst) {
-                    let r = tracee_two(t, n as i64);
-                    assert_eq!(r, t * 1000 + n as i64);
-                    n += 1;
-                }
-                calls.fetch_add(n, SeqCst);
-            })
-        })
-        .collect();
+    let callers = Callers::start(4, |t, n| assert_eq!(tracee_two(t, n as i64), t * 1000 + n as i64));
     let rounds = if cfg!(target_arch = "x86_64") { 400 } else { 100 };
     for i in 0..rounds {
         let f = if i % 2 == 0 { Filter::new().symbol("tracee_two") } else { Filter::new().glob("tracee_*").unwrap() };
@@ -306,13 +293,10 @@ fn stress(permanent: usize) {
         ftrace().register(churn.clone()).unwrap();
         ftrace().unregister(&churn).unwrap();
     }
-    stop.store(true, SeqCst);
-    for t in threads {
-        t.join().unwrap();
-    }
+    let calls = callers.stop();
     for w in &whole {
         ftrace().unregister(w).unwrap();
-        assert_eq!(count_of(w) as usize, calls.load(SeqCst), "a whole-run ops saw every call");
+        assert_eq!(count_of(w), calls, "a whole-run ops saw every call");
     }
     assert_eq!(ftrace().quarantined(), 0);
 }

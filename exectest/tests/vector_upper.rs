@@ -57,6 +57,8 @@ fn clobber_upper_halves() {
     unsafe { clobber_avx() }
 }
 
+/// # Safety
+/// Only on a CPU with AVX.
 #[target_feature(enable = "avx")]
 unsafe fn clobber_avx() {
     // SAFETY: (test) only caller-saved vector registers change, which the

@@ -195,6 +195,10 @@ pub unsafe extern "C" fn execvpe(
 
 /// Finishes the trace, then ends the process through libc's `name`
 /// (`_exit`, `_Exit`, `quick_exit`).
+///
+/// # Safety
+/// `name` is a libc function of type [`ExitFn`]; as that function, the
+/// call ends the process under whatever the program still runs.
 unsafe fn exit_through(name: &std::ffi::CStr, status: c_int) -> ! {
     let _ = std::panic::catch_unwind(|| session::before_exit(status));
     let f = next(name);

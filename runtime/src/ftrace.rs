@@ -46,7 +46,7 @@ use ftramp_codegen::arch::{self, STUB_LEN};
 use ftramp_codegen::{image::Image, DataWord, Dispatch, SiteEntry, Tier, Variant};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Why an ops could not be registered.
@@ -176,7 +176,7 @@ fn start_module_watch() {
 }
 
 /// The process the module watcher was started in (0: none).
-static WATCHER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static WATCHER_PID: AtomicU32 = AtomicU32::new(0);
 
 /// Whether this process has a module watcher thread (not a fork child of
 /// the process that started it): if not, [`refresh_if_modules_changed`]

@@ -114,6 +114,10 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
 }
 
 /// Passes a SIGTRAP that is not ours to the previous disposition.
+///
+/// # Safety
+/// Only from the SIGTRAP handler, with the `info` and `ctx` the kernel
+/// passed it.
 unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let Some(prev) = PREVIOUS.get() else { return };
     match prev.sa_sigaction {

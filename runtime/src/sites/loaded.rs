@@ -159,6 +159,8 @@ pub(crate) fn with_loaded<F: FnOnce(&LoadedSet) -> R, R>(f: F) -> R {
         result: Option<std::thread::Result<R>>,
     }
 
+    /// # Safety
+    /// Only as `dl_iterate_phdr`'s callback, with `data` the `Outer` below.
     unsafe extern "C" fn outer<F: FnOnce(&LoadedSet) -> R, R>(
         _info: *mut libc::dl_phdr_info,
         _size: usize,
@@ -199,6 +201,8 @@ pub(crate) fn with_loaded<F: FnOnce(&LoadedSet) -> R, R>(f: F) -> R {
 fn collect() -> LoadedSet {
     let mut set = LoadedSet { objects: Vec::new(), adds: 0, subs: 0 };
 
+    /// # Safety
+    /// Only as `dl_iterate_phdr`'s callback, with `data` the set above.
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, size: usize, data: *mut libc::c_void) -> libc::c_int {
         // SAFETY: `data` is the `LoadedSet` `collect` passed, alive and
         // unaliased for the whole call.
