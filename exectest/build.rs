@@ -14,7 +14,7 @@ fn main() {
         text.split_whitespace().map(String::from).collect()
     };
     let c = root.join("tests").join("c");
-    for f in ["tracee.c", "tracee_many.c", "tracee_fgraph.c", "tracee_fork.c", "tracee_callsite.c", "harness.c", "arch"] {
+    for f in ["tracee.c", "tracee_many.c", "tracee_fgraph.c", "tracee_fork.c", "tracee_abi.c", "abi.h", "abi_driver.c", "tracee_callsite.c", "harness.c", "arch"] {
         println!("cargo:rerun-if-changed={}", c.join(f).display());
     }
     let base = |b: &mut cc::Build| {
@@ -25,7 +25,8 @@ fn main() {
     for f in flags("flags") {
         b.flag(&f);
     }
-    b.file(c.join("tracee.c")).file(c.join("tracee_many.c")).file(c.join("tracee_fgraph.c")).file(c.join("tracee_fork.c")).compile("ftramp_tracee");
+    b.include(&c).file(c.join("tracee.c")).file(c.join("tracee_many.c")).file(c.join("tracee_fgraph.c")).file(c.join("tracee_fork.c"));
+    b.file(c.join("tracee_abi.c")).compile("ftramp_tracee");
     let mut b = cc::Build::new();
     base(&mut b);
     for f in flags("callsite_flags") {
@@ -80,7 +81,7 @@ fn main() {
         tracee("tracee_x87.c", "ftramp_tracee_x87", &[]);
     }
     let mut b = cc::Build::new();
-    b.opt_level(2).include(&c).file(c.join("harness.c")).compile("ftramp_harness");
+    b.opt_level(2).include(&c).file(c.join("harness.c")).file(c.join("abi_driver.c")).compile("ftramp_harness");
     build_sites(&c.join("sites"), arch, &flags("flags"), &flags("callsite_flags"));
 }
 

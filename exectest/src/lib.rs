@@ -150,3 +150,89 @@ impl Callers {
         self.threads.into_iter().map(|t| t.join().unwrap()).sum()
     }
 }
+
+/// The C calling-convention cases of `tests/c/tracee_abi.c`, called by
+/// `tests/c/abi_driver.c` (see `tests/c/abi.h`): variadic calls, hidden
+/// result pointers, float aggregates, mixed pairs, `__int128`, complex
+/// values, stack arguments.
+pub mod abi {
+    // SAFETY: `abi_run` takes a buffer of `ABI_OUT_MAX` bytes, which `run`
+    // passes; `abi_clobber` only changes caller-saved registers, which every
+    // call may.  The tracees are declared without their signatures (each
+    // is different) only to take their addresses: they are never called
+    // from Rust.
+    unsafe extern "C" {
+        fn abi_run(out: *mut u8) -> i32;
+        /// Fills the caller-saved argument and return registers (integer
+        /// and vector/FP) with a pattern, as a callback may.
+        pub safe fn abi_clobber();
+        fn abi_vsum();
+        fn abi_vmix();
+        fn abi_sret();
+        fn abi_big_arg();
+        fn abi_hfa_ret();
+        fn abi_hfa_arg();
+        fn abi_mixed_ret();
+        fn abi_fpair_ret();
+        fn abi_pair_ret();
+        fn abi_i128();
+        fn abi_cplx();
+        fn abi_float();
+        fn abi_stack_args();
+    }
+
+    /// `ABI_OUT_MAX` of `abi.h`.
+    const OUT_MAX: usize = 512;
+
+    /// One run of the driver: the calls it made (one per tracee, `abi_vsum`
+    /// twice) and every result's bytes.
+    pub fn run() -> (i32, Vec<u8>) {
+        let mut out = vec![0u8; OUT_MAX];
+        // SAFETY: `out` has the OUT_MAX bytes abi_run may write.
+        let calls = unsafe { abi_run(out.as_mut_ptr()) };
+        assert!(calls > 0, "abi_run: results larger than its buffer");
+        (calls, out)
+    }
+
+    /// Fails, naming the first differing byte and the result it falls in,
+    /// unless a traced run's results (`got`) are the untraced ones.
+    pub fn assert_same(want: &[u8], got: &[u8], what: &str) {
+        if let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) {
+            // abi_run's calls in order, with their results' sizes (the
+            // same on every 64-bit arch).
+            const RESULTS: [(&str, usize); 14] = [
+                ("abi_vsum(5, ...)", 8),
+                ("abi_vsum(0)", 8),
+                ("abi_vmix", 8),
+                ("abi_sret", 48),
+                ("abi_big_arg", 8),
+                ("abi_hfa_ret", 32),
+                ("abi_hfa_arg", 8),
+                ("abi_mixed_ret", 16),
+                ("abi_fpair_ret", 8),
+                ("abi_pair_ret", 16),
+                ("abi_i128", 16),
+                ("abi_cplx", 16),
+                ("abi_float", 4),
+                ("abi_stack_args", 8),
+            ];
+            let mut at = 0;
+            let (name, s, e) = RESULTS
+                .iter()
+                .find_map(|&(name, size)| {
+                    at += size;
+                    (i < at).then_some((name, at - size, at))
+                })
+                .unwrap_or(("(past the results)", i, i + 1));
+            panic!("{what}: {name} returned other bytes than untraced:\n  want {:02x?}\n  got  {:02x?}", &want[s..e], &got[s..e]);
+        }
+    }
+
+    /// The tracees' names and addresses.
+    pub fn tracees() -> Vec<(&'static str, usize)> {
+        macro_rules! named {
+            ($($f:ident),*) => { vec![$((stringify!($f), $f as *const () as usize)),*] };
+        }
+        named!(abi_vsum, abi_vmix, abi_sret, abi_big_arg, abi_hfa_ret, abi_hfa_arg, abi_mixed_ret, abi_fpair_ret, abi_pair_ret, abi_i128, abi_cplx, abi_float, abi_stack_args)
+    }
+}

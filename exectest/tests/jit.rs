@@ -54,6 +54,9 @@ static RETURN_TO_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static SET_RET: AtomicI64 = AtomicI64::new(i64::MIN);
 static SET_FP_RET: AtomicU64 = AtomicU64::new(0);
 static LOCK: Mutex<()> = Mutex::new(());
+/// The tracer and the return handler end by scrambling the caller-saved
+/// registers ([`abi::abi_clobber`]).
+static CLOBBER: AtomicBool = AtomicBool::new(false);
 /// The fixture's site entry is [`SiteEntry::Stub`].
 static STUB_ENTRY: AtomicBool = AtomicBool::new(false);
 
@@ -83,6 +86,9 @@ unsafe extern "C" fn tracer(ip: usize, parent: usize, op: *const TestOps, fregs:
         SHADOW.with(|s| s.borrow_mut().push(fregs.return_address()));
         fregs.set_return_address(RETURN_TO_HANDLER.load(SeqCst));
     }
+    if CLOBBER.load(SeqCst) {
+        abi::abi_clobber();
+    }
 }
 
 /// `ftrace_ops_list_func`: here a list of one.
@@ -101,6 +107,9 @@ unsafe extern "C" fn ret_handler(fregs: *mut FtraceRegs) -> usize {
     let f = SET_FP_RET.load(SeqCst);
     if f != 0 {
         fregs.set_fp_return_value(f64::from_bits(f));
+    }
+    if CLOBBER.load(SeqCst) {
+        abi::abi_clobber();
     }
     SHADOW.with(|s| s.borrow_mut().pop().expect("a return we did not hijack"))
 }
@@ -125,6 +134,7 @@ fn fixture(entry: SiteEntry) -> Fixture {
     lock(&RETURNS).clear();
     REDIRECT.store(0, SeqCst);
     HIJACK.store(false, SeqCst);
+    CLOBBER.store(false, SeqCst);
     SET_RET.store(i64::MIN, SeqCst);
     SET_FP_RET.store(0, SeqCst);
     let spec = host_spec();
@@ -179,6 +189,14 @@ fn with_site<R>(f: usize, target: usize, body: impl FnOnce() -> R) -> R {
     let r = body();
     patch::replace_text(site, &call, &nops).unwrap();
     r
+}
+
+/// [`with_site`] for several functions at once.
+fn with_sites<R>(fs: &[usize], target: usize, body: &mut dyn FnMut() -> R) -> R {
+    match fs.split_first() {
+        None => body(),
+        Some((f, rest)) => with_site(*f, target, || with_sites(rest, target, body)),
+    }
 }
 
 fn entry_variants() -> impl Iterator<Item = Variant> {
@@ -648,6 +666,30 @@ fn callbacks_get_an_aligned_stack_when_the_traced_function_did_not(entry: SiteEn
     assert_eq!(sp % 16, arch_sp_mod(), "return handler sp {sp:#x} misaligned after a misaligned entry");
 }
 
+/// The C calling-convention cases (`tests/c/tracee_abi.c`: variadic
+/// calls, hidden result pointers, float aggregates, mixed pairs,
+/// `__int128`, complex values, stack arguments) return the same bytes
+/// traced as untraced, through every entry variant with the return
+/// hijacked, while the tracer and the return handler scramble every
+/// caller-saved argument and return register.
+fn c_abi_cases_survive_clobbering_callbacks(entry: SiteEntry) {
+    let fx = fixture(entry);
+    let (calls, want) = abi::run();
+    let fs: Vec<usize> = abi::tracees().iter().map(|t| t.1).collect();
+    HIJACK.store(true, SeqCst);
+    CLOBBER.store(true, SeqCst);
+    for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {
+        lock(&SEEN).clear();
+        lock(&RETURNS).clear();
+        let (n, got) = with_sites(&fs, fx.jit.entry(v).unwrap(), &mut abi::run);
+        assert_eq!((lock(&SEEN).len(), lock(&RETURNS).len()), (calls as usize, calls as usize), "{v}: every call traced");
+        assert_eq!(n, calls, "{v}");
+        abi::assert_same(&want, &got, &v.to_string());
+    }
+    CLOBBER.store(false, SeqCst);
+    SHADOW.with(|s| assert!(s.borrow().is_empty()));
+}
+
 /// Each test with `call` sites and, where the spec has them, stub sites.
 macro_rules! in_both_entries {
     ($($name:ident),* $(,)?) => {
@@ -672,7 +714,8 @@ in_both_entries!(
     returns_go_through_return_to_handler,
     the_return_handler_can_change_the_return_value,
     nested_traced_calls_return_in_order,
-    a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops
+    a_multi_trampoline_calls_its_tracers_in_order_with_their_own_ops,
+    c_abi_cases_survive_clobbering_callbacks
 );
 
 #[cfg(target_arch = "x86_64")]
