@@ -179,13 +179,15 @@ pub mod abi {
         fn abi_cplx();
         fn abi_float();
         fn abi_stack_args();
+        fn abi_tail();
+        fn abi_tail_callee();
     }
 
     /// `ABI_OUT_MAX` of `abi.h`.
     const OUT_MAX: usize = 512;
 
-    /// One run of the driver: the calls it made (one per tracee, `abi_vsum`
-    /// twice) and every result's bytes.
+    /// One run of the driver: the calls of tracees it made (one per
+    /// tracee, `abi_vsum` twice) and every result's bytes.
     pub fn run() -> (i32, Vec<u8>) {
         let mut out = vec![0u8; OUT_MAX];
         // SAFETY: `out` has the OUT_MAX bytes abi_run may write.
@@ -200,7 +202,7 @@ pub mod abi {
         if let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) {
             // abi_run's calls in order, with their results' sizes (the
             // same on every 64-bit arch).
-            const RESULTS: [(&str, usize); 14] = [
+            const RESULTS: [(&str, usize); 15] = [
                 ("abi_vsum(5, ...)", 8),
                 ("abi_vsum(0)", 8),
                 ("abi_vmix", 8),
@@ -215,6 +217,7 @@ pub mod abi {
                 ("abi_cplx", 16),
                 ("abi_float", 4),
                 ("abi_stack_args", 8),
+                ("abi_tail (a sibling call)", 8),
             ];
             let mut at = 0;
             let (name, s, e) = RESULTS
@@ -233,6 +236,6 @@ pub mod abi {
         macro_rules! named {
             ($($f:ident),*) => { vec![$((stringify!($f), $f as *const () as usize)),*] };
         }
-        named!(abi_vsum, abi_vmix, abi_sret, abi_big_arg, abi_hfa_ret, abi_hfa_arg, abi_mixed_ret, abi_fpair_ret, abi_pair_ret, abi_i128, abi_cplx, abi_float, abi_stack_args)
+        named!(abi_vsum, abi_vmix, abi_sret, abi_big_arg, abi_hfa_ret, abi_hfa_arg, abi_mixed_ret, abi_fpair_ret, abi_pair_ret, abi_i128, abi_cplx, abi_float, abi_stack_args, abi_tail, abi_tail_callee)
     }
 }

@@ -20,6 +20,7 @@ float abi_float(float a, float b, float c);
 double abi_stack_args(long a0, long a1, long a2, long a3, long a4, long a5, long a6, long a7, long a8, long a9,
 		      double d0, double d1, double d2, double d3, double d4, double d5, double d6, double d7,
 		      double d8, double d9);
+long abi_tail(long a, double d);
 
 #define KEEP(v)                                                  \
 	do {                                                     \
@@ -50,6 +51,8 @@ int abi_run(unsigned char *out)
 	KEEP(abi_cplx(3.5, -0.75));
 	KEEP(abi_float(2.5f, -4.0f, 0.125f));
 	KEEP(abi_stack_args(1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 0.5, 1.5, -2.5, 3.5, -4.5, 5.5, -6.5, 7.5, -8.5, 9.75));
+	KEEP(abi_tail(1000, 3.5)); /* two tracees: abi_tail_callee too */
+	calls++;
 	return at <= ABI_OUT_MAX ? calls : -1;
 }
 

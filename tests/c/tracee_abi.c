@@ -108,3 +108,15 @@ TRACEE double abi_stack_args(long a0, long a1, long a2, long a3, long a4, long a
 		s = s * 1.5 + (double)l[i] * (i + 1) + d[i] * (i + 3);
 	return s;
 }
+
+/* A sibling call: abi_tail jumps to abi_tail_callee (gcc -O2), whose entry
+ * then finds the return address abi_tail's entry may have hijacked. */
+TRACEE long abi_tail_callee(long a, double d)
+{
+	return a * 5 + (long)(d * 2);
+}
+
+TRACEE long abi_tail(long a, double d)
+{
+	return abi_tail_callee(a + 1, d * 0.5);
+}
