@@ -60,12 +60,14 @@ fn run_arch_with(spec: &Spec, opts: GenOptions) -> Option<String> {
         assert!(o.status.success(), "{}: compiling {src}: {}", spec.name, String::from_utf8_lossy(&o.stderr));
     };
     compile("tracee.c", &spec.raw.site.flags, "tracee.o");
+    compile("tracee_abi.c", &spec.raw.site.flags, "tracee_abi.o");
+    compile("abi_driver.c", "", "abi_driver.o");
     compile("tracee_callsite.c", &spec.raw.site.callsite_flags, "tracee_callsite.o");
     compile("harness.c", "", "harness.o");
     compile("objtest.c", "", "objtest.o");
     let exe = dir.join("objtest");
     let o = Command::new(&cc)
-        .args(["objtest.o", "harness.o", "tracee.o", "tracee_callsite.o", "tramp.o", "-o"])
+        .args(["objtest.o", "harness.o", "abi_driver.o", "tracee.o", "tracee_abi.o", "tracee_callsite.o", "tramp.o", "-o"])
         .arg(&exe)
         .current_dir(&dir)
         .output()

@@ -21,6 +21,8 @@ struct abi_pair {
  * number of calls made. */
 #define ABI_OUT_MAX 512
 int abi_run(unsigned char *out);
+/* The tracees' addresses, 0-terminated. */
+extern void *const abi_tracees[];
 /* Fills the caller-saved registers that carry arguments and return values
  * (integer and vector/FP) with a pattern: what a callback may do. */
 void abi_clobber(void);

@@ -21,6 +21,12 @@ double abi_stack_args(long a0, long a1, long a2, long a3, long a4, long a5, long
 		      double d0, double d1, double d2, double d3, double d4, double d5, double d6, double d7,
 		      double d8, double d9);
 long abi_tail(long a, double d);
+long abi_tail_callee(long a, double d);
+
+void *const abi_tracees[] = { (void *)abi_vsum,      (void *)abi_vmix,      (void *)abi_sret,       (void *)abi_big_arg,
+			      (void *)abi_hfa_ret,   (void *)abi_hfa_arg,   (void *)abi_mixed_ret,  (void *)abi_fpair_ret,
+			      (void *)abi_pair_ret,  (void *)abi_i128,      (void *)abi_cplx,       (void *)abi_float,
+			      (void *)abi_stack_args, (void *)abi_tail,     (void *)abi_tail_callee, 0 };
 
 #define KEEP(v)                                                  \
 	do {                                                     \

@@ -4,7 +4,7 @@
  * gcc, and run natively or under qemu-user:
  *
  *   ftramp gen --arch A -V all -o tramp.o ; ftramp gen --arch A --header -o ftramp.h
- *   CC -O2 objtest.c harness.c tracee.c tracee_callsite.c tramp.o
+ *   CC -O2 objtest.c harness.c abi_driver.c tracee.c tracee_abi.c tracee_callsite.c tramp.o
  *
  * This program supplies ftrace_ops_list_func and ftrace_return_to_handler
  * (the object's only imports), patches the tracees' sites itself, and
@@ -12,6 +12,7 @@
  * "N passed, M failed"; the exit status is non-zero on any failure.
  */
 #include "ftramp.h"
+#include "abi.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -87,6 +88,8 @@ static int nrets;
 static long set_ret = LONG_MIN;
 static int set_fp;
 static double set_fp_value;
+/* The tracer and the return handler end with abi_clobber(). */
+static int clobber;
 
 static void tracer(unsigned long ip, unsigned long parent, struct ftrace_ops *op, struct ftrace_regs *fregs)
 {
@@ -105,6 +108,8 @@ static void tracer(unsigned long ip, unsigned long parent, struct ftrace_ops *op
 		shadow[shadow_top++] = ftrace_regs_get_return_address(fregs);
 		ftrace_regs_set_return_address(fregs, (unsigned long)return_to_handler);
 	}
+	if (clobber)
+		abi_clobber();
 }
 
 static struct ftrace_ops test_ops = { tracer, 0xf7ace };
@@ -126,6 +131,8 @@ unsigned long ftrace_return_to_handler(struct ftrace_regs *fregs)
 		ftrace_regs_set_return_value(fregs, (unsigned long)set_ret);
 	if (set_fp)
 		ftrace_regs_set_fp_return_value(fregs, set_fp_value);
+	if (clobber)
+		abi_clobber();
 	return shadow[--shadow_top];
 }
 
@@ -347,6 +354,33 @@ static void check_alignment(const char *name, void *tramp, int callsite)
 	CHECK(arch_probe_sp % 16 == arch_sp_mod(), "%s: callback sp %lx misaligned", name, arch_probe_sp);
 }
 
+/* The C calling-convention cases (tracee_abi.c) return the untraced bytes
+ * through each trampoline with the return hijacked, while the tracer and
+ * the return handler scramble the caller-saved registers. */
+static void check_abi(const struct entry *e)
+{
+	static unsigned char want[ABI_OUT_MAX], got[ABI_OUT_MAX];
+	unsigned long sites[32];
+	int n = 0, calls = abi_run(want);
+
+	reset();
+	hijack = clobber = 1;
+	for (; abi_tracees[n] && n < 32; n++)
+		sites[n] = enable(abi_tracees[n], e->tramp);
+	int got_calls = abi_run(got);
+	for (int i = 0; i < n; i++)
+		disable(sites[i]);
+	clobber = 0;
+	int diff = 0;
+	while (diff < ABI_OUT_MAX && want[diff] == got[diff])
+		diff++;
+	CHECK(got_calls == calls && diff == ABI_OUT_MAX, "%s: the C ABI cases' results differ from untraced from byte %d", e->name,
+	      diff);
+	CHECK(seen_calls == (unsigned long)calls && nrets == calls && shadow_top == 0, "%s: %lu entries, %d returns of %d calls",
+	      e->name, seen_calls, nrets, calls);
+	reset();
+}
+
 int main(void)
 {
 	const struct entry entries[] = {
@@ -362,6 +396,9 @@ int main(void)
 	ftrace_direct_func = tracer;
 	for (unsigned int i = 0; i < sizeof(entries) / sizeof(entries[0]); i++)
 		check_entry(&entries[i]);
+	for (unsigned int i = 0; i < sizeof(entries) / sizeof(entries[0]); i++)
+		if (!entries[i].callsite)
+			check_abi(&entries[i]);
 
 	/* Stack alignment in the callback, through direct and callsite dispatch. */
 	static struct ftrace_ops probe_ops = { arch_sp_probe, 2 };
