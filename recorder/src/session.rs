@@ -377,8 +377,13 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
                 tracer::graph_user().filter(filter).notrace(notrace)
             };
             let user = Arc::new(user.skip_timestamp(true));
-            fgraph::register_fgraph(user.clone())
-                .map_err(|e| format!("cannot start tracing: {e}"))?;
+            fgraph::register_fgraph(user.clone()).map_err(|e| match e {
+                // The function tracer hijacks no returns.
+                fgraph::FgraphError::ShadowStack => format!(
+                    "cannot start tracing: {e}; `ftramp record -t function` records the entries without it"
+                ),
+                e => format!("cannot start tracing: {e}"),
+            })?;
             st.users.push(user);
         }
     }

@@ -315,6 +315,12 @@ pub enum FgraphError {
     AlreadyRegistered,
     #[error("this fgraph user is not registered")]
     NotRegistered,
+    #[error(
+        "this process runs with a hardware shadow stack (x86_64 CET, arm64 GCS), which would end it at the first \
+         return fgraph hijacks; trace it with the shadow stack off (x86_64 glibc: \
+         GLIBC_TUNABLES=glibc.cpu.hwcaps=-SHSTK), or with entry-only ops"
+    )]
+    ShadowStack,
     #[error(transparent)]
     Ops(#[from] OpsError),
     #[error(transparent)]
@@ -440,6 +446,11 @@ fn return_image() -> Result<&'static JitImage, RuntimeError> {
 pub fn register_fgraph(user: Arc<Fgraph>) -> Result<(), FgraphError> {
     if grace::dispatch_depth() > 0 {
         return Err(OpsError::FromCallback.into());
+    }
+    // Refused before anything is set up: hijacked returns and a shadow
+    // stack cannot go together (see `thread::shadow_stack_enabled`).
+    if crate::thread::shadow_stack_enabled() || pretend_shadow_stack() {
+        return Err(FgraphError::ShadowStack);
     }
     return_to_handler()?;
     // Calibrated here, not in a traced call, and only for a user that
@@ -1474,5 +1485,55 @@ pub fn ret_addr_nth(idx: &mut usize, ret: usize) -> usize {
             r
         }
         None => ret,
+    }
+}
+
+/// Tests: [`register_fgraph`] finds a shadow stack (no machine here has one).
+#[cfg(test)]
+static PRETEND_SHADOW_STACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[cfg(test)]
+fn pretend_shadow_stack() -> bool {
+    PRETEND_SHADOW_STACK.load(Relaxed)
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn pretend_shadow_stack() -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    extern "C" fn entry(_: &GraphEnt, _: &Fgraph, _: &mut FtraceRegs) -> bool {
+        true
+    }
+    extern "C" fn ret(_: &GraphRet, _: &Fgraph, _: &mut FtraceRegs) {}
+
+    #[test]
+    fn a_shadow_stack_refuses_registration_before_anything_is_set_up() {
+        PRETEND_SHADOW_STACK.store(true, Relaxed);
+        let r = register_fgraph(Arc::new(Fgraph::new(entry, ret)));
+        PRETEND_SHADOW_STACK.store(false, Relaxed);
+        let e = r.expect_err("refused");
+        assert!(matches!(e, FgraphError::ShadowStack), "{e}");
+        assert!(e.to_string().contains("GLIBC_TUNABLES=glibc.cpu.hwcaps=-SHSTK"), "{e}");
+        assert_eq!(registry().users.iter().flatten().count(), 0, "nothing registered");
+        assert_eq!(RETURN_TO_HANDLER.load(Relaxed), 0, "no trampoline made");
+    }
+
+    /// The kernel enables a user shadow stack only on a CPU whose flags
+    /// list `user_shstk`: elsewhere the query must say no (a wrong answer
+    /// would refuse fgraph everywhere).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn no_shadow_stack_where_the_cpu_has_none() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap();
+        if !flags.split_whitespace().any(|f| f == "user_shstk") {
+            assert!(!crate::thread::shadow_stack_enabled());
+        }
     }
 }

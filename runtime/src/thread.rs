@@ -317,6 +317,41 @@ thread_local! {
     static FALLBACK: Fallback = const { Fallback };
 }
 
+/// Whether this thread runs with a hardware shadow stack (x86_64 CET
+/// `SHSTK`, arm64 `GCS`, RISC-V `Zicfiss`): a second stack of return
+/// addresses that the CPU checks every `ret` against, so that a return
+/// fgraph hijacks would end the process.  glibc turns it on at start-up
+/// (for programs whose every object is marked for it, where the tunables
+/// ask for it) and threads inherit it, so this thread's answer is the
+/// process's.  Kernels and arches without the feature answer no.
+pub fn shadow_stack_enabled() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // <asm/prctl.h>: ARCH_SHSTK_STATUS, and its ARCH_SHSTK_SHSTK bit.
+        const ARCH_SHSTK_STATUS: libc::c_long = 0x5005;
+        const ARCH_SHSTK_SHSTK: u64 = 1;
+        let mut features: u64 = 0;
+        // SAFETY: arch_prctl(ARCH_SHSTK_STATUS, addr) writes one u64 at
+        // `addr`, a live local; kernels without shadow stacks fail with
+        // EINVAL and write nothing.
+        let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SHSTK_STATUS, &mut features as *mut u64) };
+        r == 0 && features & ARCH_SHSTK_SHSTK != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // <linux/prctl.h> (Linux 6.13, arm64 GCS and RISC-V):
+        // PR_GET_SHADOW_STACK_STATUS and its PR_SHADOW_STACK_ENABLE bit.
+        const PR_GET_SHADOW_STACK_STATUS: libc::c_int = 74;
+        const PR_SHADOW_STACK_ENABLE: u64 = 1;
+        let mut status: u64 = 0;
+        // SAFETY: prctl(PR_GET_SHADOW_STACK_STATUS, addr, 0, 0, 0) writes
+        // one unsigned long at `addr`, a live local; older kernels and
+        // other arches fail with EINVAL and write nothing.
+        let r = unsafe { libc::prctl(PR_GET_SHADOW_STACK_STATUS, &mut status as *mut u64, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+        r == 0 && status & PR_SHADOW_STACK_ENABLE != 0
+    }
+}
+
 /// Starts one of the runtime's helper threads (the module watcher, the
 /// recorder's writer) with every signal blocked but the grace period's and
 /// the synchronous ones (faults).
