@@ -40,6 +40,8 @@ struct Built {
     tracee: PathBuf,
     lib: PathBuf,
     nosites: PathBuf,
+    /// `rec_abi.c` with `tests/c/tracee_abi.c` (sites) and `abi_driver.c`.
+    abi: PathBuf,
 }
 
 /// Compiles the tracees once per test run with the host arch's site flags.
@@ -81,6 +83,7 @@ fn built() -> &'static Built {
             tracee: out.join("rec_tracee"),
             lib: out.join("librec_lib.so"),
             nosites: out.join("rec_nosites"),
+            abi: out.join("rec_abi"),
         };
         let s = |f: &str| src.join(f).display().to_string();
         let p = |p: &Path| p.display().to_string();
@@ -98,7 +101,7 @@ fn built() -> &'static Built {
         .concat());
         cc([
             common.clone(),
-            site,
+            site.clone(),
             vec![
                 "-shared".into(),
                 "-fPIC".into(),
@@ -108,7 +111,15 @@ fn built() -> &'static Built {
             ],
         ]
         .concat());
-        cc([common, vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
+        cc([common.clone(), vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
+        // The ABI cases: their tracees with sites (and sibling calls), the
+        // driver and main without.
+        let abi_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/c");
+        let a = |f: &str| abi_src.join(f).display().to_string();
+        let obj = out.join("tracee_abi.o");
+        let no_sibling: Vec<String> = common.iter().filter(|f| *f != "-fno-optimize-sibling-calls").cloned().collect();
+        cc([no_sibling, site.clone(), vec!["-I".into(), a(""), "-c".into(), "-o".into(), p(&obj), a("tracee_abi.c")]].concat());
+        cc([common, vec!["-I".into(), a(""), "-o".into(), p(&b.abi), s("rec_abi.c"), a("abi_driver.c"), p(&obj)]].concat());
         b
     })
 }
@@ -1131,4 +1142,30 @@ fn a_missing_trace_directory_is_named_and_the_program_runs() {
         "{stderr}"
     );
     assert!(!dir.exists());
+}
+
+/// The C calling-convention cases (`tests/c/tracee_abi.c`: variadic
+/// doubles, hidden result pointers, float aggregates, mixed pairs,
+/// `__int128`, complex, stack arguments, a sibling call) print the same
+/// result bytes recorded as untraced, with both tracers, and every call is
+/// in the trace exactly once.
+#[test]
+fn c_abi_cases_print_the_same_results_recorded() {
+    let b = built();
+    let plain = run_untraced(&b.abi, &[]);
+    assert!(plain.status.success(), "{plain:?}");
+    let want = String::from_utf8_lossy(&plain.stdout).to_string();
+    assert!(want.starts_with("calls 16\n"), "{want}");
+    for tracer in ["function_graph", "function"] {
+        let dir = trace_dir(&format!("abi-{tracer}"), tracer);
+        let out = record(&dir, &b.abi, &[], &[("FTRAMP_TRACER", tracer)]);
+        assert!(out.status.success(), "{tracer}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{tracer}: the results differ from untraced");
+        let got = per_function(&open(&dir).processes[0]);
+        let exits = |n: u64| if tracer == "function" { 0 } else { n };
+        assert_eq!(count(&got, "abi_vsum"), (2, exits(2)), "{tracer}: {got:?}");
+        for f in ["abi_vmix", "abi_sret", "abi_big_arg", "abi_hfa_ret", "abi_hfa_arg", "abi_mixed_ret", "abi_fpair_ret", "abi_pair_ret", "abi_i128", "abi_cplx", "abi_float", "abi_stack_args", "abi_tail", "abi_tail_callee"] {
+            assert_eq!(count(&got, f), (1, exits(1)), "{tracer}: {f}: {got:?}");
+        }
+    }
 }
