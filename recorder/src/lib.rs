@@ -10,9 +10,12 @@
 //! `unsafe` here: the pool's buffers and thread slots (`pool.rs`), the id
 //! table (`ids.rs`), signal/atfork/exit handlers (`session.rs`), the
 //! exported constructor and `exec*`/`_exit` interposers (this file and the
-//! variadic ones in `execl.rs`), the trace files' descriptors
+//! variadic ones in `execl.rs`), the `dlsym` interposer (`dlsym.rs`), the
+//! trace files' descriptors
 //! (`tracefile.rs`), each with the reason it is sound.
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod dlsym;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod execl;
 pub mod ids;

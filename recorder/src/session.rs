@@ -133,7 +133,18 @@ fn start_with(opts: Options) -> Result<(), String> {
     }
     *state() = Some(st);
     spawn_writer();
+    STARTED.store(true, Relaxed);
     Ok(())
+}
+
+/// Recording has started in this image: the tracer is registered (fork
+/// children inherit it).
+static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process image is being recorded and the tracer is in
+/// place (see [`recording`]).
+pub fn started() -> bool {
+    STARTED.load(Relaxed) && recording()
 }
 
 /// The advice printed when the main program has no patch sites.

@@ -1169,3 +1169,38 @@ fn c_abi_cases_print_the_same_results_recorded() {
         }
     }
 }
+
+/// A library's functions are traced from the first call through a pointer
+/// `dlsym` returned, however soon after the `dlopen`: the `dlsym`
+/// interposer lets the engine patch the new library first (else the calls
+/// before the module watcher's next step, ~10 ms, were not traced).
+#[test]
+fn dlopened_library_is_traced_from_the_first_call_after_dlsym() {
+    let b = built();
+    for tracer in ["function_graph", "function"] {
+        let dir = trace_dir(&format!("dlopen-immediate-{tracer}"), tracer);
+        let out = record(&dir, &b.tracee, &["dlopen", b.lib.to_str().unwrap(), "immediate"], &[("FTRAMP_TRACER", tracer)]);
+        assert!(out.status.success(), "{tracer}: {}", String::from_utf8_lossy(&out.stderr));
+        let want = &counters(&out.stdout)[0];
+        assert_eq!(want["reclib_sum"], 1, "{tracer}: the library computed the right sum");
+        let got = per_function(&open(&dir).processes[0]);
+        let exits = |n: u64| if tracer == "function" { 0 } else { n };
+        assert_eq!(count(&got, "reclib_sum"), (1, exits(1)), "{tracer}: {got:?}");
+        assert_eq!(count(&got, "reclib_add"), (20, exits(20)), "{tracer}: {got:?}");
+    }
+}
+
+/// The `dlsym` interposer jumps to libc's with the program's return
+/// address, so glibc still takes the program as the caller: `RTLD_NEXT`
+/// from the program finds the first definition after the program, here the
+/// recorder's own `execve` (a caller taken for the recorder would get
+/// libc's).
+#[test]
+fn dlsym_rtld_next_still_searches_from_the_program() {
+    let b = built();
+    let plain = run_untraced(&b.tracee, &["rtld-next"]);
+    assert_eq!(counters(&plain.stdout)[0]["next_is_first"], 1, "{plain:?}");
+    let (_, out) = record_tracee("rtld-next", "function_graph", &["rtld-next"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(counters(&out.stdout)[0]["next_is_first"], 1, "{}", String::from_utf8_lossy(&out.stdout));
+}

@@ -185,6 +185,12 @@ pub fn module_watcher_running() -> bool {
     WATCHER_PID.load(Relaxed) == std::process::id()
 }
 
+/// Whether every `dlopen`/`dlclose` so far has been handled
+/// ([`refresh_if_modules_changed`] would do nothing now).
+pub fn modules_handled() -> bool {
+    crate::sites::loader_generation() == seen()
+}
+
 /// The module watcher's step: if the loader's counters changed since the
 /// last step, re-reads the modules and re-applies the registered ops (a
 /// busy engine is retried at the next call).  One `dl_iterate_phdr` call

@@ -303,7 +303,7 @@ pub struct Discovery {
 /// The loader's counters of objects ever loaded and unloaded
 /// (`dlpi_adds`, `dlpi_subs`): they change with every `dlopen`/`dlclose`.
 pub fn loader_generation() -> (u64, u64) {
-    loaded::with_loaded(|set| (set.adds, set.subs))
+    loaded::generation()
 }
 
 /// Discovers the sites of the program and every library loaded now.

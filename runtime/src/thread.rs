@@ -396,6 +396,15 @@ where
     r
 }
 
+/// Whether the calling thread is one of this process's helper threads
+/// ([`spawn_helper`]).
+pub fn is_helper() -> bool {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let pid = std::process::id();
+    HELPERS.lock().unwrap_or_else(|e| e.into_inner()).contains(&(pid, tid))
+}
+
 /// The helper threads started by [`spawn_helper`] (process, tid): a fork
 /// child's copy still holds its parent's, which are no thread of the child
 /// (and whose tids a thread of the child may get once they are gone).

@@ -633,6 +633,15 @@ int main(int argc, char **argv)
         counts();
         return 0;
     }
+    if (!strcmp(mode, "rtld-next")) {
+        /* From the program, RTLD_NEXT searches the objects after it: the
+         * first definition of execve there is the first one at all (the
+         * program has none), whether that is libc's or a preload's. */
+        void *next = dlsym(RTLD_NEXT, "execve"), *first = dlsym(RTLD_DEFAULT, "execve");
+        printf("next_is_first %d\n", next && next == first);
+        counts();
+        return 0;
+    }
     if (!strcmp(mode, "dlopen")) {
         void *h = dlopen(argv[2], RTLD_NOW);
         if (!h) {

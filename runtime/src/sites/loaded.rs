@@ -153,6 +153,31 @@ impl Live<'_> {
 /// Runs `f` with the loader's list while the loader lock is held (see the
 /// module documentation for what `f` must not do).  A panic in `f` is
 /// carried across the C callback and resumed here.
+/// The loader's counters (`dlpi_adds`, `dlpi_subs`), read from the first
+/// object `dl_iterate_phdr` reports: no list is collected, so checking
+/// for a `dlopen` costs one short call (the module watcher every 10 ms,
+/// the recorder's `dlsym`).
+pub(crate) fn generation() -> (u64, u64) {
+    /// # Safety
+    /// Only as `dl_iterate_phdr`'s callback, with `data` the `Option` below.
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, size: usize, data: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `data` is the `Option` that `generation` passed and keeps
+        // alive for the call; `info` is the loader's, valid during the
+        // callback, and holds the counters when `size` covers them.
+        unsafe {
+            if size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + 8 {
+                *(data as *mut Option<(u64, u64)>) = Some(((*info).dlpi_adds, (*info).dlpi_subs));
+            }
+        }
+        1 // stop after the first object
+    }
+    let mut out: Option<(u64, u64)> = None;
+    // SAFETY: `first` matches the callback signature and never unwinds;
+    // `out` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), &mut out as *mut Option<(u64, u64)> as *mut libc::c_void) };
+    out.unwrap_or((0, 0))
+}
+
 pub(crate) fn with_loaded<F: FnOnce(&LoadedSet) -> R, R>(f: F) -> R {
     struct Outer<F, R> {
         f: Option<F>,

@@ -1,0 +1,143 @@
+//! The `dlsym` interposer: a library the program `dlopen`s is patched
+//! before the program gets a function of it.
+//!
+//! The module watcher patches a new library within ~10 ms of its `dlopen`;
+//! a program that calls into it at once (`dlopen`, `dlsym`, call: the
+//! plugin pattern) ran those first calls untraced.  `dlopen` itself cannot
+//! be wrapped: glibc takes the address its call returns to as the caller,
+//! whose `RUNPATH` and `$ORIGIN` find the library, and a wrapper would be
+//! that caller.  `dlsym` is the next step of the pattern, so it is wrapped
+//! the same way it is called: the stub below saves the arguments, runs
+//! [`before_dlsym`] (which has the engine handle any loader change first,
+//! see [`sync_new_modules`]), and *jumps* to libc's `dlsym`, so that the
+//! return address glibc reads (for `RTLD_NEXT` and `RTLD_DEFAULT`) is
+//! still the program's.  Calls into a new library made before any
+//! `dlsym`, e.g. by its own constructors, are still left to the watcher.
+
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// libc's `dlsym` (0: not looked up yet).
+static REAL: AtomicUsize = AtomicUsize::new(0);
+
+/// libc's `dlsym`, looked up with `dlvsym`, which is not interposed.
+fn real_dlsym() -> usize {
+    let r = REAL.load(Relaxed);
+    if r != 0 {
+        return r;
+    }
+    // glibc 2.34 moved dlsym into libc.so.6 as GLIBC_2.34; before, the
+    // base version of the arch.
+    let versions: &[&std::ffi::CStr] = if cfg!(target_arch = "aarch64") { &[c"GLIBC_2.34", c"GLIBC_2.17"] } else { &[c"GLIBC_2.34", c"GLIBC_2.2.5"] };
+    for v in versions {
+        // SAFETY: dlvsym with NUL-terminated strings; RTLD_NEXT is valid in
+        // a shared object.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) } as usize;
+        if p != 0 {
+            REAL.store(p, Relaxed);
+            return p;
+        }
+    }
+    // Without it no dlsym call could be answered: say so and stop rather
+    // than return into nothing.
+    let msg = b"ftramp record: cannot find libc's dlsym\n";
+    // SAFETY: write(2) of a static buffer.
+    unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
+    std::process::abort()
+}
+
+/// Run by the stub before every `dlsym`: returns libc's `dlsym` for the
+/// stub to jump to.
+extern "C" fn before_dlsym() -> usize {
+    let real = real_dlsym();
+    // No panic may cross into the program.
+    let _ = std::panic::catch_unwind(sync_new_modules);
+    real
+}
+
+std::thread_local! {
+    /// This thread is in [`sync_new_modules`] (a `dlsym` made by what it
+    /// calls goes straight to libc).
+    static IN_SYNC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The loader generation [`sync_new_modules`] last gave up waiting for
+/// (adds in the high half, subs in the low): it does not wait for it again.
+static GAVE_UP: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// How long a `dlsym` waits for the engine, busy with the same change on
+/// the watcher thread, before it lets the program go on.
+const WAIT: Duration = Duration::from_millis(50);
+
+/// If a library was loaded or unloaded since the engine last looked, has
+/// the engine patch (or forget) it now, on this thread.  Not from a tracer
+/// callback, nor the runtime's own threads, nor reentered; not before
+/// the tracer is registered nor in a child the recorder does not follow.
+fn sync_new_modules() {
+    use ftramp_runtime::ftrace::{modules_handled, refresh_if_modules_changed};
+    // (The cheapest test first: `started` asks the kernel for the pid.)
+    if modules_handled() || !crate::session::started() || ftramp_runtime::grace::dispatch_depth() > 0 {
+        return;
+    }
+    if IN_SYNC.with(|f| f.replace(true)) {
+        return;
+    }
+    let gen = || {
+        let (adds, subs) = ftramp_runtime::sites::loader_generation();
+        adds << 32 | (subs & 0xffff_ffff)
+    };
+    if !ftramp_runtime::thread::is_helper() && GAVE_UP.load(Relaxed) != gen() {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            // (Returns at once when the watcher holds the engine: then wait
+            // for it to finish the same work.)
+            refresh_if_modules_changed();
+            if modules_handled() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                GAVE_UP.store(gen(), Relaxed);
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    IN_SYNC.with(|f| f.set(false));
+}
+
+/// `dlsym`: see the module docs.
+///
+/// # Safety
+/// As libc's `dlsym`.
+#[no_mangle]
+#[unsafe(naked)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    #[cfg(target_arch = "x86_64")]
+    std::arch::naked_asm!(
+        // rsp = 8 mod 16 at entry; after two pushes and 8 bytes: 0 mod 16.
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {hook}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        // The return address on the stack is the program's again.
+        "jmp rax",
+        hook = sym before_dlsym,
+    );
+    #[cfg(target_arch = "aarch64")]
+    std::arch::naked_asm!(
+        "stp x29, x30, [sp, #-32]!",
+        "mov x29, sp",
+        "stp x0, x1, [sp, #16]",
+        "bl {hook}",
+        "mov x16, x0",
+        "ldp x0, x1, [sp, #16]",
+        // x30 is the program's return address again.
+        "ldp x29, x30, [sp], #32",
+        "br x16",
+        hook = sym before_dlsym,
+    );
+}
