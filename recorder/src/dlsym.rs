@@ -8,8 +8,9 @@
 //! whose `RUNPATH` and `$ORIGIN` find the library, and a wrapper would be
 //! that caller.  `dlsym` is the next step of the pattern, so it is wrapped
 //! the same way it is called: the stub below saves the arguments, runs
-//! [`before_dlsym`] (which has the engine handle any loader change first,
-//! see [`sync_new_modules`]), and *jumps* to libc's `dlsym`, so that the
+//! [`before_dlsym`] (which has the engine patch, and the recorder name,
+//! what any loader change brought first, see [`sync_new_modules`]), and
+//! *jumps* to libc's `dlsym`, so that the
 //! return address glibc reads (for `RTLD_NEXT` and `RTLD_DEFAULT`) is
 //! still the program's.  Calls into a new library made before any
 //! `dlsym`, e.g. by its own constructors, are still left to the watcher.
@@ -71,7 +72,8 @@ static GAVE_UP: AtomicU64 = AtomicU64::new(u64::MAX);
 const WAIT: Duration = Duration::from_millis(50);
 
 /// If a library was loaded or unloaded since the engine last looked, has
-/// the engine patch (or forget) it now, on this thread.  Not from a tracer
+/// the engine patch (or forget) it now, on this thread, and the recorder
+/// give its functions ids and names.  Not from a tracer
 /// callback, nor the runtime's own threads, nor reentered; not before
 /// the tracer is registered nor in a child the recorder does not follow.
 fn sync_new_modules() {
@@ -102,6 +104,9 @@ fn sync_new_modules() {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+        // The new functions' ids and names too: a library unloaded before
+        // the writer's next look would leave its calls nameless.
+        crate::session::name_new_sites();
     }
     IN_SYNC.with(|f| f.set(false));
 }

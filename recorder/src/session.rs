@@ -663,15 +663,28 @@ fn last_names() {
     }
     // The writer may hold the state (a dlopen being handled, which can wait
     // for the engine): wait for it a while, but never hang the exit.
-    for _ in 0..2000 {
+    check_modules_waiting(2000, Duration::from_millis(1));
+}
+
+/// [`check_modules`] when the state can be had within `tries` pauses (the
+/// writer holds it briefly; a thread that holds it itself, e.g. in a
+/// signal handler that interrupted it, must not wait for good).
+fn check_modules_waiting(tries: u32, pause: Duration) {
+    for _ in 0..tries {
         match STATE.try_lock() {
             Ok(g) => return check_modules_with(g),
             Err(std::sync::TryLockError::Poisoned(p)) => return check_modules_with(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(pause),
         }
     }
+}
+
+/// Gives the sites of libraries loaded since the writer last looked their
+/// ids and names now, on this thread (the `dlsym` interposer: before the
+/// program calls into them, and before it may unload them again), waiting
+/// at most 50 ms for the writer.
+pub(crate) fn name_new_sites() {
+    check_modules_waiting(250, Duration::from_micros(200));
 }
 
 /// Called by the `_exit` interposer and at exit.

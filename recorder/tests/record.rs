@@ -1204,3 +1204,20 @@ fn dlsym_rtld_next_still_searches_from_the_program() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(counters(&out.stdout)[0]["next_is_first"], 1, "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// A library loaded, called at once and unloaded again, over and over: it
+/// mostly comes back at the same address, where discovery alone cannot
+/// tell it from the old one, with NOPs at the sites the engine had patched
+/// (the engine checks a patched site of each library after an unload and
+/// patches a reloaded one anew).  Every call is recorded.
+#[test]
+fn a_library_loaded_again_at_the_same_address_is_patched_again() {
+    let b = built();
+    let (dir, out) = record_tracee("dlopen-reload", "function_graph", &["dlopen-reload", b.lib.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = &counters(&out.stdout)[0];
+    assert_eq!(want["reload_sum"], 20 * (1..=20).sum::<u64>(), "{want:?}");
+    let got = per_function(&open(&dir).processes[0]);
+    assert_eq!(count(&got, "reclib_sum"), (20, 20), "{got:?}");
+    assert_eq!(count(&got, "reclib_add"), (400, 400), "{got:?}");
+}

@@ -433,13 +433,16 @@ impl State {
                         self.quarantine.push(Box::new(imgs));
                     }
                 }
-                if !changes.added.is_empty() {
+                // (Only an unload makes a reload possible.)
+                let reloaded = changes.unloaded > 0 && forget_reloaded(&mut self.sites, &mut self.dead_stubs, d);
+                if !changes.added.is_empty() || reloaded {
                     crate::sites::optimize_nops(d)?;
                 }
             }
         }
         Ok(())
     }
+
 
     /// Frees, after a grace period, an ops no longer in the list, the
     /// direct trampolines only it used and the replaced site table.
@@ -635,6 +638,45 @@ impl State {
         self.discovery = Some(d);
         result
     }
+}
+
+/// A library unloaded and loaded again at the same address between two
+/// refreshes looks unchanged to discovery (same name, same place), but
+/// its text is the file's again: the sites this engine patched hold
+/// NOPs.  Such a library's sites are forgotten here, so that `State::apply`
+/// patches them anew (they keep their addresses, and so their ids and
+/// filters).  One site per library is read, with the library pinned
+/// so that it cannot go away meanwhile.  True if one was found.
+fn forget_reloaded(sites: &mut BTreeMap<usize, SiteState>, dead_stubs: &mut Vec<Arc<CodeBlock>>, d: &Discovery) -> bool {
+    let spec = host_spec();
+    let mut patched: HashMap<ModuleId, usize> = HashMap::new();
+    for (a, s) in sites.iter() {
+        if s.current.addr != 0 {
+            patched.entry(s.module).or_insert(*a);
+        }
+    }
+    let mut reloaded = Vec::new();
+    for (id, addr) in patched {
+        let Some(m) = d.module(id) else { continue };
+        // Not loaded now: the next refresh drops it.  (The main program
+        // is never unloaded.)
+        if m.is_main {
+            continue;
+        }
+        let Some(_pin) = crate::sites::loaded::Pin::new(&m.path) else { continue };
+        let now = crate::patch::read_text(addr, spec.site_len);
+        if spec.nops.iter().any(|n| now.starts_with(n)) {
+            reloaded.push(id);
+        }
+    }
+    let gone: Vec<usize> = sites.iter().filter(|(_, s)| reloaded.contains(&s.module)).map(|(a, _)| *a).collect();
+    for a in &gone {
+        if let Some(SiteState { stub: Some(stub), .. }) = sites.remove(a) {
+            // Freed by a grace period once no site uses the block.
+            dead_stubs.push(stub.block);
+        }
+    }
+    !gone.is_empty()
 }
 
 /// Stub entry: tells an entry image where fgraph's `return_to_handler` and

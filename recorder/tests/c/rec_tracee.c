@@ -633,6 +633,24 @@ int main(int argc, char **argv)
         counts();
         return 0;
     }
+    if (!strcmp(mode, "dlopen-reload")) {
+        /* Load, call at once, unload, 20 times: the library mostly comes
+         * back at the same address, with its text fresh from the file. */
+        long s = 0;
+        for (int i = 0; i < 20; i++) {
+            void *h = dlopen(argv[2], RTLD_NOW);
+            if (!h) {
+                fprintf(stderr, "%s\n", dlerror());
+                return 2;
+            }
+            long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
+            s += f(20);
+            dlclose(h);
+        }
+        printf("reload_sum %ld\n", s);
+        counts();
+        return 0;
+    }
     if (!strcmp(mode, "rtld-next")) {
         /* From the program, RTLD_NEXT searches the objects after it: the
          * first definition of execve there is the first one at all (the
