@@ -154,37 +154,36 @@ impl Callers {
 /// The C calling-convention cases of `tests/c/tracee_abi.c`, called by
 /// `tests/c/abi_driver.c` (see `tests/c/abi.h`): variadic calls, hidden
 /// result pointers, float aggregates, mixed pairs, `__int128`, complex
-/// values, stack arguments.
+/// values, stack arguments.  The driver lists the tracees and describes
+/// the results it kept, so nothing here repeats them.
 pub mod abi {
-    // SAFETY: `abi_run` takes a buffer of `ABI_OUT_MAX` bytes, which `run`
-    // passes; `abi_clobber` only changes caller-saved registers, which every
-    // call may.  The tracees are declared without their signatures (each
-    // is different) only to take their addresses: they are never called
-    // from Rust.
+    use std::ffi::{c_char, c_int, c_ulong, CStr};
+
+    /// `struct abi_result` of `abi.h`.
+    #[repr(C)]
+    struct AbiResult {
+        call: *const c_char,
+        offset: c_ulong,
+        size: c_ulong,
+    }
+
+    /// `ABI_OUT_MAX` and `ABI_RESULTS_MAX` of `abi.h`.
+    const OUT_MAX: usize = 512;
+    const RESULTS_MAX: usize = 32;
+
+    // SAFETY: the declarations of abi_driver.c with their C types.
+    // `abi_run` takes a buffer of `ABI_OUT_MAX` bytes, which `run` passes;
+    // `abi_clobber` only changes caller-saved registers, which every call
+    // may.  The arrays are read as the comments at each read say.
     unsafe extern "C" {
         fn abi_run(out: *mut u8) -> i32;
         /// Fills the caller-saved argument and return registers (integer
         /// and vector/FP) with a pattern, as a callback may.
         pub safe fn abi_clobber();
-        fn abi_vsum();
-        fn abi_vmix();
-        fn abi_sret();
-        fn abi_big_arg();
-        fn abi_hfa_ret();
-        fn abi_hfa_arg();
-        fn abi_mixed_ret();
-        fn abi_fpair_ret();
-        fn abi_pair_ret();
-        fn abi_i128();
-        fn abi_cplx();
-        fn abi_float();
-        fn abi_stack_args();
-        fn abi_tail();
-        fn abi_tail_callee();
+        static abi_tracees: [usize; 0];
+        static abi_results: [AbiResult; RESULTS_MAX];
+        static abi_nresults: c_int;
     }
-
-    /// `ABI_OUT_MAX` of `abi.h`.
-    const OUT_MAX: usize = 512;
 
     /// One run of the driver: the calls of tracees it made (one per
     /// tracee, `abi_vsum` twice) and every result's bytes.
@@ -196,46 +195,29 @@ pub mod abi {
         (calls, out)
     }
 
-    /// Fails, naming the first differing byte and the result it falls in,
+    /// Fails, naming the first differing byte's result (the driver's call),
     /// unless a traced run's results (`got`) are the untraced ones.
     pub fn assert_same(want: &[u8], got: &[u8], what: &str) {
-        if let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) {
-            // abi_run's calls in order, with their results' sizes (the
-            // same on every 64-bit arch).
-            const RESULTS: [(&str, usize); 15] = [
-                ("abi_vsum(5, ...)", 8),
-                ("abi_vsum(0)", 8),
-                ("abi_vmix", 8),
-                ("abi_sret", 48),
-                ("abi_big_arg", 8),
-                ("abi_hfa_ret", 32),
-                ("abi_hfa_arg", 8),
-                ("abi_mixed_ret", 16),
-                ("abi_fpair_ret", 8),
-                ("abi_pair_ret", 16),
-                ("abi_i128", 16),
-                ("abi_cplx", 16),
-                ("abi_float", 4),
-                ("abi_stack_args", 8),
-                ("abi_tail (a sibling call)", 8),
-            ];
-            let mut at = 0;
-            let (name, s, e) = RESULTS
+        let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) else { return };
+        // SAFETY: written by abi_run on this thread (the tests call it
+        // from one thread at a time), read after it returned; the first
+        // `abi_nresults` entries hold static strings.
+        let (call, s, e) = unsafe {
+            let n = (&raw const abi_nresults).read().clamp(0, RESULTS_MAX as c_int) as usize;
+            std::slice::from_raw_parts(&raw const abi_results as *const AbiResult, n)
                 .iter()
-                .find_map(|&(name, size)| {
-                    at += size;
-                    (i < at).then_some((name, at - size, at))
-                })
-                .unwrap_or(("(past the results)", i, i + 1));
-            panic!("{what}: {name} returned other bytes than untraced:\n  want {:02x?}\n  got  {:02x?}", &want[s..e], &got[s..e]);
-        }
+                .map(|r| (CStr::from_ptr(r.call).to_string_lossy().into_owned(), r.offset as usize, (r.offset + r.size) as usize))
+                .find(|(_, s, e)| (*s..*e).contains(&i))
+                .unwrap_or(("(past the results)".into(), i, i + 1))
+        };
+        panic!("{what}: {call} returned other bytes than untraced:\n  want {:02x?}\n  got  {:02x?}", &want[s..e], &got[s..e]);
     }
 
-    /// The tracees' names and addresses.
-    pub fn tracees() -> Vec<(&'static str, usize)> {
-        macro_rules! named {
-            ($($f:ident),*) => { vec![$((stringify!($f), $f as *const () as usize)),*] };
-        }
-        named!(abi_vsum, abi_vmix, abi_sret, abi_big_arg, abi_hfa_ret, abi_hfa_arg, abi_mixed_ret, abi_fpair_ret, abi_pair_ret, abi_i128, abi_cplx, abi_float, abi_stack_args, abi_tail, abi_tail_callee)
+    /// The tracees' addresses.
+    pub fn tracees() -> Vec<usize> {
+        let first = &raw const abi_tracees as *const usize;
+        // SAFETY: abi_tracees is a constant 0-terminated C array of
+        // function addresses: read up to its 0.
+        (0..).map(|i| unsafe { first.add(i).read() }).take_while(|&a| a != 0).collect()
     }
 }

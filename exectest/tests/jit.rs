@@ -64,6 +64,9 @@ thread_local! {
     static SHADOW: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
+/// # Safety
+/// Only as the trampolines call it: `op` a live [`TestOps`], `fregs` the
+/// calling trampoline's frame.
 unsafe extern "C" fn tracer(ip: usize, parent: usize, op: *const TestOps, fregs: *mut FtraceRegs) {
     let fregs = &mut *fregs;
     let spec = host_spec();
@@ -92,11 +95,18 @@ unsafe extern "C" fn tracer(ip: usize, parent: usize, op: *const TestOps, fregs:
 }
 
 /// `ftrace_ops_list_func`: here a list of one.
+///
+/// # Safety
+/// Only as the trampolines call it: `op` a live [`TestOps`], `fregs` the
+/// calling trampoline's frame.
 unsafe extern "C" fn list_func(ip: usize, parent: usize, op: *const TestOps, fregs: *mut FtraceRegs) {
     ((*op).func)(ip, parent, op, fregs)
 }
 
 /// `ftrace_return_to_handler`.
+///
+/// # Safety
+/// Only as `return_to_handler` calls it: `fregs` its frame.
 unsafe extern "C" fn ret_handler(fregs: *mut FtraceRegs) -> usize {
     let fregs = &mut *fregs;
     lock(&RETURNS).push((fregs.return_value(), fregs.fp_return_value().unwrap_or(f64::NAN)));
@@ -469,6 +479,10 @@ fn s390x_vector_registers_and_the_condition_code_survive() {
 static ORDER: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 
 /// Tracer number `N`: notes itself, then records like [`tracer`].
+///
+/// # Safety
+/// Only as the trampolines call it: `op` a live [`TestOps`], `fregs` the
+/// calling trampoline's frame.
 unsafe extern "C" fn numbered<const N: usize>(ip: usize, parent: usize, op: *const TestOps, fregs: *mut FtraceRegs) {
     lock(&ORDER).push((N, op as usize));
     tracer(ip, parent, op, fregs)
@@ -675,7 +689,7 @@ fn callbacks_get_an_aligned_stack_when_the_traced_function_did_not(entry: SiteEn
 fn c_abi_cases_survive_clobbering_callbacks(entry: SiteEntry) {
     let fx = fixture(entry);
     let (calls, want) = abi::run();
-    let fs: Vec<usize> = abi::tracees().iter().map(|t| t.1).collect();
+    let fs = abi::tracees();
     HIJACK.store(true, SeqCst);
     CLOBBER.store(true, SeqCst);
     for v in entry_variants().filter(|v| !matches!(v, Variant::Entry { dispatch: Dispatch::Callsite, .. })) {

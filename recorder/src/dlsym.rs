@@ -10,9 +10,8 @@
 //! the same way it is called: the stub below saves the arguments, runs
 //! [`before_dlsym`] (which has the engine patch, and the recorder name,
 //! what any loader change brought first, see [`sync_new_modules`]), and
-//! *jumps* to libc's `dlsym`, so that the
-//! return address glibc reads (for `RTLD_NEXT` and `RTLD_DEFAULT`) is
-//! still the program's.  Calls into a new library made before any
+//! *jumps* to libc's `dlsym`, so that the return address glibc reads (for
+//! `RTLD_NEXT` and `RTLD_DEFAULT`) is still the program's.  Calls into a new library made before any
 //! `dlsym`, e.g. by its own constructors, are still left to the watcher.
 
 use std::ffi::{c_char, c_void};
@@ -73,9 +72,9 @@ const WAIT: Duration = Duration::from_millis(50);
 
 /// If a library was loaded or unloaded since the engine last looked, has
 /// the engine patch (or forget) it now, on this thread, and the recorder
-/// give its functions ids and names.  Not from a tracer
-/// callback, nor the runtime's own threads, nor reentered; not before
-/// the tracer is registered nor in a child the recorder does not follow.
+/// give its functions ids and names.  Not from a tracer callback, nor the
+/// runtime's own threads, nor reentered; not before the tracer is
+/// registered nor in a child the recorder does not follow.
 fn sync_new_modules() {
     use ftramp_runtime::ftrace::{modules_handled, refresh_if_modules_changed};
     // (The cheapest test first: `started` asks the kernel for the pid.)

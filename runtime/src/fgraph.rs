@@ -1492,14 +1492,11 @@ pub fn ret_addr_nth(idx: &mut usize, ret: usize) -> usize {
 #[cfg(test)]
 static PRETEND_SHADOW_STACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-#[cfg(test)]
-fn pretend_shadow_stack() -> bool {
-    PRETEND_SHADOW_STACK.load(Relaxed)
-}
-
-#[cfg(not(test))]
 #[inline(always)]
 fn pretend_shadow_stack() -> bool {
+    #[cfg(test)]
+    return PRETEND_SHADOW_STACK.load(Relaxed);
+    #[cfg(not(test))]
     false
 }
 

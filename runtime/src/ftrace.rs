@@ -443,7 +443,6 @@ impl State {
         Ok(())
     }
 
-
     /// Frees, after a grace period, an ops no longer in the list, the
     /// direct trampolines only it used and the replaced site table.
     fn retire_ops(&mut self, removed: Arc<Ops>, old_table: Option<Box<SiteTable>>) {
@@ -657,12 +656,9 @@ fn forget_reloaded(sites: &mut BTreeMap<usize, SiteState>, dead_stubs: &mut Vec<
     }
     let mut reloaded = Vec::new();
     for (id, addr) in patched {
-        let Some(m) = d.module(id) else { continue };
-        // Not loaded now: the next refresh drops it.  (The main program
-        // is never unloaded.)
-        if m.is_main {
-            continue;
-        }
+        // (The main program is never unloaded.)
+        let Some(m) = d.module(id).filter(|m| !m.is_main) else { continue };
+        // Not loaded now: the next refresh drops it.
         let Some(_pin) = crate::sites::loaded::Pin::new(&m.path) else { continue };
         let now = crate::patch::read_text(addr, spec.site_len);
         if spec.nops.iter().any(|n| now.starts_with(n)) {

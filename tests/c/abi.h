@@ -23,6 +23,15 @@ struct abi_pair {
 int abi_run(unsigned char *out);
 /* The tracees' addresses, 0-terminated. */
 extern void *const abi_tracees[];
+/* What abi_run kept, in order: each result's call (its source text), and
+ * where its bytes are in out. */
+struct abi_result {
+	const char *call;
+	unsigned long offset, size;
+};
+#define ABI_RESULTS_MAX 32
+extern struct abi_result abi_results[ABI_RESULTS_MAX];
+extern int abi_nresults;
 /* Fills the caller-saved registers that carry arguments and return values
  * (integer and vector/FP) with a pattern: what a callback may do. */
 void abi_clobber(void);

@@ -28,19 +28,25 @@ void *const abi_tracees[] = { (void *)abi_vsum,      (void *)abi_vmix,      (voi
 			      (void *)abi_pair_ret,  (void *)abi_i128,      (void *)abi_cplx,       (void *)abi_float,
 			      (void *)abi_stack_args, (void *)abi_tail,     (void *)abi_tail_callee, 0 };
 
-#define KEEP(v)                                                  \
-	do {                                                     \
-		__typeof__(v) keep_ = (v);                       \
-		if (at + sizeof keep_ <= ABI_OUT_MAX)            \
-			memcpy(out + at, &keep_, sizeof keep_);  \
-		at += sizeof keep_;                              \
-		calls++;                                         \
+struct abi_result abi_results[ABI_RESULTS_MAX];
+int abi_nresults;
+
+#define KEEP(v)                                                                       \
+	do {                                                                          \
+		__typeof__(v) keep_ = (v);                                            \
+		if (at + sizeof keep_ <= ABI_OUT_MAX)                                 \
+			memcpy(out + at, &keep_, sizeof keep_);                       \
+		if (abi_nresults < ABI_RESULTS_MAX)                                   \
+			abi_results[abi_nresults++] = (struct abi_result){ #v, at, sizeof keep_ }; \
+		at += sizeof keep_;                                                   \
+		calls++;                                                              \
 	} while (0)
 
 int abi_run(unsigned char *out)
 {
 	size_t at = 0;
 	int calls = 0;
+	abi_nresults = 0;
 	KEEP(abi_vsum(5, 1.5, -2.25, 3.125, 1e10, -0.0625));
 	KEEP(abi_vsum(0));
 	KEEP(abi_vmix(6, 11L, 0.5, -7L, 2.75, 1L << 40, -3.0625));

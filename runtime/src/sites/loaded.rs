@@ -150,9 +150,6 @@ impl Live<'_> {
     }
 }
 
-/// Runs `f` with the loader's list while the loader lock is held (see the
-/// module documentation for what `f` must not do).  A panic in `f` is
-/// carried across the C callback and resumed here.
 /// The loader's counters (`dlpi_adds`, `dlpi_subs`), read from the first
 /// object `dl_iterate_phdr` reports: no list is collected, so checking
 /// for a `dlopen` costs one short call (the module watcher every 10 ms,
@@ -178,6 +175,9 @@ pub(crate) fn generation() -> (u64, u64) {
     out.unwrap_or((0, 0))
 }
 
+/// Runs `f` with the loader's list while the loader lock is held (see the
+/// module documentation for what `f` must not do).  A panic in `f` is
+/// carried across the C callback and resumed here.
 pub(crate) fn with_loaded<F: FnOnce(&LoadedSet) -> R, R>(f: F) -> R {
     struct Outer<F, R> {
         f: Option<F>,

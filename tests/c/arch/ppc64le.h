@@ -90,9 +90,8 @@ __asm__(
 /* The tracees (tests/c/tracee*.c); only their code is read here. */
 extern char tracee_args[], tracee_args_alt[], tracee_fp[], tracee_two[], tracee_nested[], tracee_callsite[], tracee_ld[],
 	tracee_cld[];
-extern char abi_vsum[], abi_vmix[], abi_sret[], abi_big_arg[], abi_hfa_ret[], abi_hfa_arg[], abi_mixed_ret[], abi_fpair_ret[],
-	abi_pair_ret[], abi_i128[], abi_cplx[], abi_float[], abi_stack_args[], abi_tail[],
-	abi_tail_callee[];
+/* tests/c/abi_driver.c: the ABI tracees, 0-terminated. */
+extern void *const abi_tracees[];
 extern char _mcount[];
 
 /* `mflr r0 ; bl _mcount` in the first instructions of fn -> `mflr r0 ; nop`. */
@@ -118,11 +117,11 @@ static void arch_nop_mcount(char *fn)
 
 __attribute__((constructor)) static void arch_init_sites(void)
 {
-	char *fns[] = { tracee_args, tracee_args_alt, tracee_fp, tracee_two, tracee_nested, tracee_callsite, tracee_ld, tracee_cld,
-			abi_vsum, abi_vmix, abi_sret, abi_big_arg, abi_hfa_ret, abi_hfa_arg, abi_mixed_ret, abi_fpair_ret,
-			abi_pair_ret, abi_i128, abi_cplx, abi_float, abi_stack_args, abi_tail, abi_tail_callee };
+	char *fns[] = { tracee_args, tracee_args_alt, tracee_fp, tracee_two, tracee_nested, tracee_callsite, tracee_ld, tracee_cld };
 	for (unsigned int i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
 		arch_nop_mcount(fns[i]);
+	for (unsigned int i = 0; abi_tracees[i]; i++)
+		arch_nop_mcount((char *)abi_tracees[i]);
 }
 #endif
 
