@@ -300,6 +300,16 @@ pub struct Discovery {
     subs: Option<u64>,
 }
 
+/// Tells the runtime that the program has not run any constructor yet (an
+/// `LD_AUDIT` hook starting a tracer early): the libraries loaded now are
+/// the ones it was started with, which are never unloaded, so they are
+/// never pinned with `dlopen` (which would run their constructors early,
+/// out of turn).  Calling it later would wrongly take `dlopen`ed libraries
+/// for start-up ones.
+pub fn starting_up() {
+    loaded::starting_up()
+}
+
 /// The loader's counters of objects ever loaded and unloaded
 /// (`dlpi_adds`, `dlpi_subs`): they change with every `dlopen`/`dlclose`.
 pub fn loader_generation() -> (u64, u64) {

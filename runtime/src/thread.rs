@@ -68,7 +68,7 @@ thread_local! {
 /// address once.
 #[inline(always)]
 pub(crate) fn this() -> &'static ThreadState {
-    #[cfg(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux"))]
+    #[cfg(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux"))]
     {
         let p = cached::load();
         if !p.is_null() {
@@ -78,7 +78,7 @@ pub(crate) fn this() -> &'static ThreadState {
         }
         this_slow()
     }
-    #[cfg(not(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux")))]
+    #[cfg(not(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux")))]
     {
         block()
     }
@@ -96,7 +96,7 @@ fn block() -> &'static ThreadState {
 }
 
 /// The thread's first [`this`]: caches the block's address.
-#[cfg(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux"))]
+#[cfg(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux"))]
 #[cold]
 #[inline(never)]
 fn this_slow() -> &'static ThreadState {
@@ -106,10 +106,18 @@ fn this_slow() -> &'static ThreadState {
 }
 
 /// Feature `tls-cache` (the `ftramp record` preload's build): the block's
-/// address in an 8-byte *initial-exec* thread-local, one `%fs`-relative
-/// load (and a test for the thread's first use) where the Rust thread-local
-/// costs a `__tls_get_addr` call in a shared library (two calls per traced
-/// call, about 3 ns).  Executables reach the Rust thread-local at a
+/// address in an 8-byte *initial-exec* thread-local, one load off the
+/// thread pointer (and a test for the thread's first use) where the Rust
+/// thread-local costs a `__tls_get_addr` call (x86_64) or a TLS descriptor
+/// call (aarch64) in a shared library (on x86_64 two calls per traced
+/// call, about 3 ns).  On both it also keeps a thread's first use from
+/// allocating: with an `LD_AUDIT` module (`ftramp record`'s), glibc sets
+/// up TLS before it loads the preload, and a library without initial-exec
+/// references then gets its TLS block from `malloc` on each thread's first
+/// use (glibc places it in the static block only if it fits the 512 bytes
+/// kept for optional use; ours is larger) — from a signal handler that
+/// interrupted `malloc`, a deadlock (seen on aarch64, test
+/// `a_threads_first_event_from_a_handler_that_interrupted_malloc`).  Executables reach the Rust thread-local at a
 /// constant offset without a test and do without it.  Stable Rust has no
 /// switch for the TLS model, so the slot is declared in assembly.  It marks
 /// the library `STATIC_TLS`: its whole TLS segment is then placed in the
@@ -118,16 +126,32 @@ fn this_slow() -> &'static ThreadState {
 /// (glibc keeps little room for those), so libftramp.so goes without.  A
 /// `fork` child inherits the slot and the block with the address space, at
 /// the same addresses.
-#[cfg(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux"))]
+#[cfg(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux"))]
 mod cached {
     use super::ThreadState;
 
+    // The slot: 8 bytes of .tbss, hidden, reached through its GOT word
+    // (R_X86_64_TPOFF64 / R_AARCH64_TLS_TPREL64: its offset from the
+    // thread pointer).
+    #[cfg(target_arch = "x86_64")]
     std::arch::global_asm!(
         ".pushsection .tbss.ftramp_runtime_this,\"awT\",@nobits",
         ".p2align 3",
         ".globl ftramp_runtime_this",
         ".hidden ftramp_runtime_this",
         ".type ftramp_runtime_this, @object",
+        ".size ftramp_runtime_this, 8",
+        "ftramp_runtime_this:",
+        ".zero 8",
+        ".popsection",
+    );
+    #[cfg(target_arch = "aarch64")]
+    std::arch::global_asm!(
+        ".pushsection .tbss.ftramp_runtime_this,\"awT\",%nobits",
+        ".p2align 3",
+        ".globl ftramp_runtime_this",
+        ".hidden ftramp_runtime_this",
+        ".type ftramp_runtime_this, %object",
         ".size ftramp_runtime_this, 8",
         "ftramp_runtime_this:",
         ".zero 8",
@@ -144,6 +168,7 @@ mod cached {
         // function, across calls: the slot only ever goes from null to this
         // thread's block, and a stale null just takes `this_slow` again,
         // which returns the block.
+        #[cfg(target_arch = "x86_64")]
         unsafe {
             std::arch::asm!(
                 "movq ftramp_runtime_this@GOTTPOFF(%rip), {p}",
@@ -152,12 +177,26 @@ mod cached {
                 options(att_syntax, pure, nomem, nostack, preserves_flags),
             );
         }
+        // SAFETY: as above (tpidr_el0 is the thread pointer).
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            std::arch::asm!(
+                "mrs {t}, tpidr_el0",
+                "adrp {p}, :gottprel:ftramp_runtime_this",
+                "ldr {p}, [{p}, #:gottprel_lo12:ftramp_runtime_this]",
+                "ldr {p}, [{t}, {p}]",
+                p = out(reg) p,
+                t = out(reg) _,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
         p
     }
 
     /// Caches `t`, this thread's block.
     pub(super) fn store(t: &'static ThreadState) {
         // SAFETY: writes this thread's slot only (see `load`).
+        #[cfg(target_arch = "x86_64")]
         unsafe {
             std::arch::asm!(
                 "movq ftramp_runtime_this@GOTTPOFF(%rip), {o}",
@@ -165,6 +204,20 @@ mod cached {
                 o = out(reg) _,
                 p = in(reg) t as *const ThreadState,
                 options(att_syntax, nostack, preserves_flags),
+            );
+        }
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            std::arch::asm!(
+                "mrs {tp}, tpidr_el0",
+                "adrp {o}, :gottprel:ftramp_runtime_this",
+                "ldr {o}, [{o}, #:gottprel_lo12:ftramp_runtime_this]",
+                "str {p}, [{tp}, {o}]",
+                o = out(reg) _,
+                tp = out(reg) _,
+                p = in(reg) t as *const ThreadState,
+                options(nostack, preserves_flags),
             );
         }
     }
@@ -469,7 +522,7 @@ mod tests {
 
     /// The initial-exec slot caches each thread's own block (feature
     /// `tls-cache`; the workspace's tests build with it, for the recorder).
-    #[cfg(all(feature = "tls-cache", target_arch = "x86_64", target_os = "linux"))]
+    #[cfg(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux"))]
     #[test]
     fn the_tls_cache_holds_each_threads_own_block() {
         // The slot read again, out of line: `load` is declared `nomem`, so

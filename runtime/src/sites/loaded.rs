@@ -294,16 +294,40 @@ fn collect() -> LoadedSet {
 /// unloaded while pinned.  If the program `dlclose`s the library meanwhile,
 /// dropping the pin is what unloads it (its destructors then run on the
 /// thread that drops the pin).
+///
+/// Libraries the program was started with need none and get none once
+/// [`starting_up`] has named them (the pin is then empty).
 pub(crate) struct Pin(*mut libc::c_void);
+
+/// Names of the objects loaded when [`starting_up`] was called, before any
+/// constructor ran: glibc never unloads an object the program was started
+/// with (only `dlopen`ed ones), so these need no pin — and pinning one
+/// with `dlopen` before its constructor has run would run the constructor
+/// there and then, out of its turn (`dlopen` initialises what it finds
+/// uninitialised, `RTLD_NOLOAD` or not).
+static STARTUP: std::sync::OnceLock<std::collections::HashSet<Vec<u8>>> = std::sync::OnceLock::new();
+
+/// Notes every object loaded now as one the program was started with.
+/// Only valid before the program's first constructor (see [`STARTUP`]).
+pub(crate) fn starting_up() {
+    let names = with_loaded(|set| set.objects().iter().map(|o| o.name.clone()).collect());
+    let _ = STARTUP.set(names);
+}
 
 impl Pin {
     /// Pins the library named `path` if it is loaded (in the default
     /// namespace).  The main program needs no pin.
     pub fn new(path: &std::path::Path) -> Option<Pin> {
         use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-        // SAFETY: with RTLD_NOLOAD dlopen never loads anything (so runs no
-        // constructors): it only looks the name up and takes a reference.
+        let name = path.as_os_str().as_bytes();
+        if STARTUP.get().is_some_and(|s| s.contains(name)) {
+            return Some(Pin(std::ptr::null_mut()));
+        }
+        let c = std::ffi::CString::new(name).ok()?;
+        // SAFETY: with RTLD_NOLOAD dlopen never loads anything: it looks
+        // the name up and takes a reference (and runs the constructors of
+        // an object not initialised yet, which is why start-up libraries
+        // are not pinned, see STARTUP).
         let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
         (!h.is_null()).then(|| Pin(h))
     }
@@ -311,6 +335,9 @@ impl Pin {
 
 impl Drop for Pin {
     fn drop(&mut self) {
+        if self.0.is_null() {
+            return;
+        }
         // SAFETY: `self.0` is a handle from a successful dlopen, closed
         // exactly once; nothing of the library is used after this.
         unsafe { libc::dlclose(self.0) };
