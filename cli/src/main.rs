@@ -146,6 +146,12 @@ enum Cmd {
     ///
     /// Ctrl-C goes to the program; `ftramp record` waits for it to end and
     /// then finishes the trace.
+    ///
+    /// The program runs with the recorder library in `LD_PRELOAD` and its
+    /// audit module in `LD_AUDIT` (which starts recording before any
+    /// library constructor runs), both found next to this binary or in its
+    /// `deps/`; `FTRAMP_PRELOAD` and `FTRAMP_AUDIT` name others
+    /// (`FTRAMP_AUDIT=` for no audit module).
     Record(record::RecordArgs),
     /// Print a recorded trace as a call graph, ftrace `function_graph` style: durations,
     /// indented `{`/`}` per call, one section per process and thread.

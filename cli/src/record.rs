@@ -57,6 +57,42 @@ pub struct RecordArgs {
     command: Vec<OsString>,
 }
 
+/// The audit module's file name (`LD_AUDIT`), looked for next to the
+/// recorder library: it starts recording before the constructors of the
+/// libraries the program links (see `recorder/audit`).
+pub const AUDIT_NAME: &str = "libftramp_audit.so";
+/// Environment variable naming the audit module to use (empty: none).
+pub const ENV_AUDIT: &str = "FTRAMP_AUDIT";
+
+/// Finds the audit module: `$FTRAMP_AUDIT` (set but empty: none), else
+/// next to the recorder library `preload`.  Missing there, recording
+/// starts in the recorder's constructor, after the constructors of the
+/// libraries the program links: said on stderr.
+pub fn find_audit(preload: &Path) -> Result<Option<PathBuf>> {
+    if let Some(p) = std::env::var_os(ENV_AUDIT) {
+        if p.is_empty() {
+            return Ok(None);
+        }
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("{ENV_AUDIT}={} does not name a file", p.display());
+        }
+        return Ok(Some(std::fs::canonicalize(&p).unwrap_or(p)));
+    }
+    let p = preload.with_file_name(AUDIT_NAME);
+    if p.is_file() {
+        return Ok(Some(p));
+    }
+    eprintln!(
+        "ftramp record: {} not found: recording starts in {}'s constructor, so calls made by the constructors \
+         of the libraries the program links are not recorded (it is built with the CLI: `cargo build --release \
+         -p ftramp`; set {ENV_AUDIT}=/path/to/{AUDIT_NAME}, or {ENV_AUDIT}= to go without it quietly)",
+        p.display(),
+        preload.display()
+    );
+    Ok(None)
+}
+
 /// Finds the recorder library: `$FTRAMP_PRELOAD`, else next to this
 /// executable, else in its `deps/` (cargo's layout).
 pub fn find_preload() -> Result<PathBuf> {
@@ -198,6 +234,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     }
     let prog = find_program(&a.command[0])?;
     let preload = find_preload()?;
+    let audit = find_audit(&preload)?;
     prepare_dir(&a.output)?;
     let dir = std::fs::canonicalize(&a.output)
         .with_context(|| format!("resolving {}", a.output.display()))?;
@@ -252,6 +289,14 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     }
     let mut cmd = Command::new(&prog);
     cmd.arg0(&a.command[0]).args(&a.command[1..]);
+    if let Some(audit) = &audit {
+        let mut ld_audit = audit.as_os_str().to_os_string();
+        if let Some(old) = std::env::var_os("LD_AUDIT").filter(|o| !o.is_empty()) {
+            ld_audit.push(":");
+            ld_audit.push(old);
+        }
+        cmd.env("LD_AUDIT", ld_audit);
+    }
     cmd.env("LD_PRELOAD", ld_preload)
         .env(env::DIR, &dir)
         .env(env::TRACER, &a.tracer)

@@ -306,6 +306,42 @@ fn bad_input_is_refused_with_a_reason() {
     );
 }
 
+/// The program runs with the audit module (`LD_AUDIT`) found next to the
+/// recorder library, ahead of a module of its own; `FTRAMP_AUDIT` names
+/// another one, or none when empty (then quietly), and one that is not
+/// there is refused.
+#[test]
+fn the_audit_module_is_set_next_to_the_programs_own() {
+    let show = |env: &[(&str, &str)], name: &str| {
+        let mut c = ftramp();
+        c.args(["record", "-o"]).arg(dir(name)).args(["--", "/bin/sh", "-c", "printf 'LD_AUDIT=%s\\n' \"$LD_AUDIT\""]);
+        c.env_remove("FTRAMP_AUDIT").env_remove("LD_AUDIT");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let line = |o: &Output| {
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        out.lines().find_map(|l| l.strip_prefix("LD_AUDIT=").map(String::from)).unwrap_or_else(|| panic!("no LD_AUDIT line in {out:?}"))
+    };
+    let o = show(&[("LD_AUDIT", "/nonexistent/the-programs-own.so")], "audit-default");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (ours, theirs) = line(&o).split_once(':').map(|(a, b)| (a.to_string(), b.to_string())).expect("two modules");
+    assert!(ours.ends_with("/libftramp_audit.so") && Path::new(&ours).is_file(), "{ours}");
+    assert_eq!(theirs, "/nonexistent/the-programs-own.so");
+    assert!(!stderr(&o).contains("libftramp_audit.so not found"), "{}", stderr(&o));
+    let o = show(&[("FTRAMP_AUDIT", "")], "audit-none");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(line(&o), "");
+    assert!(!stderr(&o).contains("libftramp_audit.so"), "{}", stderr(&o));
+    let o = show(&[("FTRAMP_AUDIT", &ours)], "audit-named");
+    assert_eq!(line(&o), ours);
+    let o = show(&[("FTRAMP_AUDIT", "/nonexistent/libftramp_audit.so")], "audit-missing");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("FTRAMP_AUDIT=/nonexistent/libftramp_audit.so does not name a file"), "{}", stderr(&o));
+}
+
 #[test]
 fn ctrl_c_ends_the_program_and_the_trace_is_finished() {
     // The terminal's Ctrl-C goes to the whole process group: here the

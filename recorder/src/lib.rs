@@ -1,18 +1,20 @@
 //! `libftramp_recorder.so`: the library `ftramp record` preloads into the
-//! program it runs (`LD_PRELOAD`).  Its constructor reads the options from
-//! the environment ([`options`]), discovers the patch sites of the program
-//! and its libraries, and registers an fgraph user (function_graph) or an
-//! ops (function) before `main`; threads append events to buffers from a
-//! preallocated pool ([`pool`]) that a writer thread writes into the trace
-//! directory ([`ftramp_trace::format`]).  [`session`] handles fork, exec,
-//! exit and crashes.
+//! program it runs (`LD_PRELOAD`).  Its start — called by the audit module
+//! (`recorder/audit`, `LD_AUDIT`) before any constructor runs, else by its
+//! own constructor — reads the options from the environment ([`options`]),
+//! discovers the patch sites of the program and its libraries, and
+//! registers an fgraph user (function_graph) or an ops (function); threads
+//! append events to buffers from a preallocated pool ([`pool`]) that a
+//! writer thread writes into the trace directory
+//! ([`ftramp_trace::format`]).  [`session`] handles fork, exec, exit and
+//! crashes.
 //!
 //! `unsafe` here: the pool's buffers and thread slots (`pool.rs`), the id
 //! table (`ids.rs`), signal/atfork/exit handlers (`session.rs`), the
-//! exported constructor and `exec*`/`_exit` interposers (this file and the
-//! variadic ones in `execl.rs`), the `dlsym` interposer (`dlsym.rs`), the
-//! trace files' descriptors
-//! (`tracefile.rs`), each with the reason it is sound.
+//! exported constructor and early start, the `exec*`/`_exit` interposers
+//! (this file and the variadic ones in `execl.rs`), the `dlsym` interposer
+//! (`dlsym.rs`), the trace files' descriptors (`tracefile.rs`), each with
+//! the reason it is sound.
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod dlsym;
@@ -26,10 +28,54 @@ pub mod tracefile;
 pub mod tracer;
 
 use std::ffi::{c_char, c_int};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+/// Recording was started by the audit module (`libftramp_audit.so`,
+/// `LD_AUDIT`), before any constructor ran.
+static STARTED_EARLY: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn constructor() {
     // No panic may cross into the loader.
-    let _ = std::panic::catch_unwind(session::start);
+    let _ = std::panic::catch_unwind(|| {
+        if STARTED_EARLY.load(Relaxed) {
+            session::after_early_start()
+        } else {
+            session::start()
+        }
+    });
+}
+
+/// Starts recording before any library's constructor runs: called by the
+/// audit module (`recorder/audit`) once the program's objects are loaded
+/// and relocated and libc's early initialisation is done, but before
+/// libc's constructor has set `environ` (so `envp`, the process's
+/// environment, is set there first: libc's constructor sets the same
+/// array again).  Without it the libraries the program links would run
+/// their constructors before this library's, with nothing patched yet.
+///
+/// # Safety
+/// Called once by the audit module, single-threaded, before constructors;
+/// `envp` is null or the process's NULL-terminated environment.
+#[no_mangle]
+pub unsafe extern "C" fn ftramp_recorder_early_start(envp: *const *const c_char) {
+    extern "C" {
+        static mut environ: *const *const c_char;
+    }
+    // SAFETY: no other thread exists yet and libc has not set `environ`
+    // (null) — it will set it to this same array in its constructor.
+    unsafe {
+        if environ.is_null() {
+            environ = envp;
+        }
+    }
+    if STARTED_EARLY.swap(true, Relaxed) {
+        return;
+    }
+    // No panic may cross into the loader.
+    let _ = std::panic::catch_unwind(|| {
+        ftramp_runtime::sites::starting_up();
+        session::start()
+    });
 }
 
 /// Runs [`constructor`] when the library is loaded, before `main`.
@@ -50,8 +96,9 @@ fn next(name: &std::ffi::CStr) -> *mut libc::c_void {
 }
 
 /// The variables an exec'd image needs to be recorded too.
-const RECORD_ENV: [&str; 13] = [
+const RECORD_ENV: [&str; 14] = [
     "LD_PRELOAD",
+    "LD_AUDIT",
     options::ENV_DIR,
     options::ENV_TRACER,
     options::ENV_FILTER,

@@ -76,15 +76,27 @@ pub fn start() {
     }
 }
 
-fn start_with(opts: Options) -> Result<(), String> {
-    let opts = OPTIONS.get_or_init(|| opts);
-    // The images this one execs record into the same directory even if
-    // the program changes its own (the variable may have been relative).
-    // In the constructor, before main: no other thread reads the
-    // environment yet.
+/// The images this one execs record into the same directory even if the
+/// program changes its own (the variable may have been relative).  Before
+/// main, while no other thread of the program reads the environment.
+fn pin_dir_in_env(opts: &Options) {
     if std::env::var_os(crate::options::ENV_DIR).is_some_and(|d| std::path::Path::new(&d) != opts.dir) {
         std::env::set_var(crate::options::ENV_DIR, &opts.dir);
     }
+}
+
+/// The preload's constructor after an early [`start`] (from the audit
+/// module, before libc's own constructor, which then put back the
+/// environment the process started with): the environment again.
+pub fn after_early_start() {
+    if let Some(opts) = OPTIONS.get() {
+        pin_dir_in_env(opts);
+    }
+}
+
+fn start_with(opts: Options) -> Result<(), String> {
+    let opts = OPTIONS.get_or_init(|| opts);
+    pin_dir_in_env(opts);
     let c = clock::clock();
     let ticks_per_ns = c.ticks_per_sec as f64 / 1e9;
     tracer::configure(

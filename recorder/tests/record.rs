@@ -20,20 +20,29 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// The recorder library cargo built for this test.
-fn preload() -> PathBuf {
+/// The library `name` cargo built for this test (the newer of deps/ and
+/// the profile directory).
+fn built_lib(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
-    let candidates = [
-        deps.join("libftramp_recorder.so"),
-        deps.parent().unwrap().join("libftramp_recorder.so"),
-    ];
+    let candidates = [deps.join(name), deps.parent().unwrap().join(name)];
     candidates
         .iter()
         .filter_map(|c| Some((c.metadata().ok()?.modified().ok()?, c)))
         .max_by_key(|(t, _)| *t)
         .map(|(_, c)| c.clone())
-        .unwrap_or_else(|| panic!("libftramp_recorder.so not found in {candidates:?}"))
+        .unwrap_or_else(|| panic!("{name} not found in {candidates:?}"))
+}
+
+/// The recorder library cargo built for this test.
+fn preload() -> PathBuf {
+    built_lib("libftramp_recorder.so")
+}
+
+/// The audit module (`LD_AUDIT`) that starts the recorder before library
+/// constructors, as `ftramp record` uses it.
+fn audit() -> PathBuf {
+    built_lib("libftramp_audit.so")
 }
 
 struct Built {
@@ -42,6 +51,8 @@ struct Built {
     nosites: PathBuf,
     /// `rec_abi.c` with `tests/c/tracee_abi.c` (sites) and `abi_driver.c`.
     abi: PathBuf,
+    /// `rec_ctor.c`, linked with `rec_ctor_lib.c`'s library.
+    ctor: PathBuf,
 }
 
 /// Compiles the tracees once per test run with the host arch's site flags.
@@ -84,6 +95,7 @@ fn built() -> &'static Built {
             lib: out.join("librec_lib.so"),
             nosites: out.join("rec_nosites"),
             abi: out.join("rec_abi"),
+            ctor: out.join("rec_ctor"),
         };
         let s = |f: &str| src.join(f).display().to_string();
         let p = |p: &Path| p.display().to_string();
@@ -112,6 +124,14 @@ fn built() -> &'static Built {
         ]
         .concat());
         cc([common.clone(), vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
+        let ctor_lib = out.join("librec_ctor.so");
+        cc([common.clone(), site.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&ctor_lib), s("rec_ctor_lib.c")]].concat());
+        cc([
+            common.clone(),
+            site.clone(),
+            vec!["-o".into(), p(&b.ctor), s("rec_ctor.c"), p(&ctor_lib), format!("-Wl,-rpath,{}", p(&out))],
+        ]
+        .concat());
         // The ABI cases: their tracees with sites (and sibling calls), the
         // driver and main without.
         let abi_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/c");
@@ -230,24 +250,33 @@ fn record(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Outpu
     record_command(dir, prog, args, env).output().unwrap()
 }
 
-/// The command [`record`] runs.
+/// The command [`record`] runs: the program with the recorder preloaded
+/// and, as `ftramp record` does, the audit module (unless `env` sets
+/// `LD_AUDIT`, to empty for none).
 fn record_command(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let ld_audit = match env.iter().find(|(k, _)| *k == "LD_AUDIT") {
+        Some((_, v)) => v.to_string(),
+        None => audit().display().to_string(),
+    };
     let mut c = match qemu() {
         None => {
             let mut c = Command::new(prog);
-            c.env("LD_PRELOAD", preload());
+            c.env("LD_PRELOAD", preload()).env("LD_AUDIT", &ld_audit);
             c
         }
         Some(q) => {
-            // The preload for the guest only (qemu's own loader would
-            // refuse a foreign-arch library); the rest of the environment
-            // reaches the guest as it is.
+            // The preload and the audit module for the guest only (qemu's
+            // own loader would refuse a foreign-arch library); the rest of
+            // the environment reaches the guest as it is.
             let mut c = Command::new(&q[0]);
             c.args(&q[1..])
                 .arg("-E")
                 .arg(format!("LD_PRELOAD={}", preload().display()))
+                .arg("-E")
+                .arg(format!("LD_AUDIT={ld_audit}"))
                 .arg(prog)
-                .env_remove("LD_PRELOAD");
+                .env_remove("LD_PRELOAD")
+                .env_remove("LD_AUDIT");
             c
         }
     };
@@ -265,7 +294,7 @@ fn record_command(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) 
     ] {
         c.env_remove(k);
     }
-    for (k, v) in env {
+    for (k, v) in env.iter().filter(|(k, _)| *k != "LD_AUDIT") {
         c.env(k, v);
     }
     c
@@ -792,6 +821,9 @@ fn a_relative_trace_directory_survives_chdir_and_exec() {
         .arg("chdir-exec")
         .current_dir(dir.parent().unwrap())
         .env("LD_PRELOAD", preload())
+        // Started early by the audit module, the recorder pins the
+        // variable again after libc's constructor reset the environment.
+        .env("LD_AUDIT", audit())
         .env("FTRAMP_RECORD_DIR", dir.file_name().unwrap())
         .output()
         .unwrap();
@@ -988,6 +1020,32 @@ fn dlopened_library_is_traced() {
     let sym = p.symbols.iter().find(|s| s.name == "reclib_add").unwrap();
     assert!(sym.module.ends_with("librec_lib.so"), "{}", sym.module);
     check_nesting(p);
+}
+
+/// A library the program links runs its constructor before the preloaded
+/// recorder's, and its `atexit` handler (registered there) after the
+/// recorder's exit handler: the audit module starts recording before any
+/// constructor, so their calls are recorded too, as are its destructor's.
+#[test]
+fn library_constructors_destructors_and_atexit_handlers_are_recorded() {
+    for tracer in ["function_graph", "function"] {
+        let dir = trace_dir(&format!("ctor-{tracer}"), tracer);
+        let out = record(&dir, &built().ctor, &[], &[("FTRAMP_TRACER", tracer)]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let c = &counters(&out.stdout)[0];
+        let want = c["ctorlib_ctor"] + c["ctorlib_atexit"] + c["ctorlib_fini"];
+        assert_eq!(want, 9, "the library's own counts: {c:?}");
+        let p = &open(&dir).processes[0];
+        let got = per_function(p);
+        let both = |n| if tracer == "function" { (n, 0) } else { (n, n) };
+        assert_eq!(count(&got, "ctorlib_step"), both(want), "{tracer}: {got:?}");
+        for f in ["ctorlib_init", "ctorlib_at_exit", "ctorlib_fini", "main"] {
+            assert_eq!(count(&got, f), both(1), "{tracer}: {f}: {got:?}");
+        }
+        if tracer == "function_graph" {
+            check_nesting(p);
+        }
+    }
 }
 
 /// Loading (and tracing) a library while other threads sleep in calls that

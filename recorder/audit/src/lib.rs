@@ -1,0 +1,216 @@
+//! `libftramp_audit.so`: the `LD_AUDIT` module of `ftramp record`.
+//!
+//! # Why
+//!
+//! The recorder is an `LD_PRELOAD` library, and the loader runs the
+//! constructors of independent libraries in the reverse of their load
+//! order: a library the program links is initialised *before* the preload.
+//! So its constructors (and whatever they call) ran before the recorder had
+//! patched anything, and their calls were silently missing from the trace;
+//! so were the calls of the `atexit` handlers they registered, which run
+//! after the recorder's own exit handler.  No constructor of ours can run
+//! earlier, but the loader's audit interface can: glibc calls an audit
+//! module's `la_activity(LA_ACT_CONSISTENT)` once every object of the
+//! program is loaded and relocated and libc's early initialisation is done,
+//! and *before* any constructor.  This module then calls the preload's
+//! `ftramp_recorder_early_start`, which starts recording there; the
+//! preload's own constructor later sees that and does nothing more.
+//!
+//! # How
+//!
+//! An audit module lives in a namespace of its own (with its own copy of
+//! libc), so it finds the preload by walking the program's link map
+//! (remembered from `la_objopen`) and looking the symbol up in each
+//! object's GNU hash table; `dlsym` is not used there (glibc's `dlsym`
+//! crashes when an audit module calls it from `la_activity` at start-up).
+//! It hands the preload its environment: the program's libc sets its own
+//! `environ` only in its constructor, after this point.  It does nothing
+//! else: no symbol binding is audited (`la_objopen` returns 0), so calls
+//! through the PLT are not slowed down.  Without the preload (a program
+//! `ftramp record` execs without recording, say) it does nothing at all.
+//!
+//! Every function here is called by the dynamic loader, which is why this
+//! crate is all `unsafe` FFI; each block says why it is sound.
+
+use std::ffi::{c_char, c_uint, CStr};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
+
+/// The symbol the preload exports for an early start.
+const EARLY_START: &CStr = c"ftramp_recorder_early_start";
+
+/// `la_activity`'s flag: the namespace's link map is consistent again.
+const LA_ACT_CONSISTENT: c_uint = 0;
+/// `Lmid_t` of the program's own namespace.
+const LM_ID_BASE: isize = 0;
+
+/// glibc's public `struct link_map` (the fields `<link.h>` declares).
+#[repr(C)]
+pub struct LinkMap {
+    l_addr: usize,
+    l_name: *const c_char,
+    l_ld: *const Dyn,
+    l_next: *const LinkMap,
+    l_prev: *const LinkMap,
+}
+
+/// `Elf64_Dyn`.
+#[repr(C)]
+struct Dyn {
+    d_tag: i64,
+    d_val: u64,
+}
+
+/// `Elf64_Sym`.
+#[repr(C)]
+struct Sym {
+    st_name: u32,
+    st_info: u8,
+    st_other: u8,
+    st_shndx: u16,
+    st_value: u64,
+    st_size: u64,
+}
+
+const DT_NULL: i64 = 0;
+const DT_STRTAB: i64 = 5;
+const DT_SYMTAB: i64 = 6;
+const DT_GNU_HASH: i64 = 0x6fff_fef5;
+const SHN_UNDEF: u16 = 0;
+
+/// The first object of the program's namespace (the executable).
+static HEAD: AtomicPtr<LinkMap> = AtomicPtr::new(std::ptr::null_mut());
+/// The early start was attempted (once per process image).
+static DONE: AtomicBool = AtomicBool::new(false);
+
+extern "C" {
+    /// This namespace's libc's environment: set, as the audit module's
+    /// libc was initialised before the module was used.
+    static environ: *const *const c_char;
+}
+
+/// Accepts the loader's interface version (its `LAV_CURRENT`): what
+/// changed between versions is the audit of PLT calls, which this module
+/// does not do, and a glibc refuses versions older than some (2.36 on
+/// aarch64 refuses 1).
+///
+/// # Safety
+/// Called by the dynamic loader.
+#[no_mangle]
+pub unsafe extern "C" fn la_version(version: c_uint) -> c_uint {
+    version
+}
+
+/// # Safety
+/// Called by the dynamic loader with a valid link map.
+#[no_mangle]
+pub unsafe extern "C" fn la_objopen(map: *mut LinkMap, lmid: isize, _cookie: *mut usize) -> c_uint {
+    if lmid == LM_ID_BASE {
+        let _ = HEAD.compare_exchange(std::ptr::null_mut(), map, Relaxed, Relaxed);
+    }
+    // No LA_FLG_BINDTO / LA_FLG_BINDFROM: no symbol binding is audited.
+    0
+}
+
+/// # Safety
+/// Called by the dynamic loader.
+#[no_mangle]
+pub unsafe extern "C" fn la_activity(_cookie: *mut usize, flag: c_uint) {
+    if flag != LA_ACT_CONSISTENT || DONE.load(Relaxed) {
+        return;
+    }
+    let mut map = HEAD.load(Relaxed) as *const LinkMap;
+    if map.is_null() {
+        return;
+    }
+    DONE.store(true, Relaxed);
+    while !map.is_null() {
+        // SAFETY: the loader's link map is a valid list while it calls us
+        // (it holds its lock), and every object on it is mapped.
+        let (found, next) = unsafe { (lookup(&*map, EARLY_START), (*map).l_next) };
+        if let Some(addr) = found {
+            // SAFETY: the preload defines this symbol as
+            // `extern "C" fn(*const *const c_char)`; `environ` is this
+            // namespace's libc's, initialised (see above), and the
+            // environment it points to is the process's.
+            unsafe {
+                let start: unsafe extern "C" fn(*const *const c_char) = std::mem::transmute(addr);
+                start(environ);
+            }
+            return;
+        }
+        map = next;
+    }
+}
+
+/// `name`'s address in `map`'s dynamic symbol table (GNU hash), if it
+/// defines it.
+///
+/// # Safety
+/// `map` is a loaded object of the loader's list.
+unsafe fn lookup(map: &LinkMap, name: &CStr) -> Option<usize> {
+    if map.l_ld.is_null() {
+        return None;
+    }
+    // The dynamic section's pointers are absolute once loaded, except
+    // where the loader leaves a read-only section as it is (RISC-V, MIPS):
+    // then they are offsets from the load address.
+    let abs = |p: u64| -> usize {
+        let p = p as usize;
+        if p < map.l_addr {
+            p.wrapping_add(map.l_addr)
+        } else {
+            p
+        }
+    };
+    let (mut strtab, mut symtab, mut gnu_hash) = (0usize, 0usize, 0usize);
+    let mut d = map.l_ld;
+    loop {
+        // SAFETY: the dynamic section is an array ended by DT_NULL.
+        let e = unsafe { &*d };
+        match e.d_tag {
+            DT_NULL => break,
+            DT_STRTAB => strtab = abs(e.d_val),
+            DT_SYMTAB => symtab = abs(e.d_val),
+            DT_GNU_HASH => gnu_hash = abs(e.d_val),
+            _ => {}
+        }
+        // SAFETY: not past DT_NULL.
+        d = unsafe { d.add(1) };
+    }
+    if strtab == 0 || symtab == 0 || gnu_hash == 0 {
+        return None;
+    }
+    let want = name.to_bytes();
+    let hash = want.iter().fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(c as u32));
+    // SAFETY: the GNU hash table's layout: nbuckets, symoffset,
+    // bloom_size, bloom_shift (u32 each), bloom words (u64 on 64-bit
+    // targets), buckets (u32), chain (u32), all mapped with the object;
+    // symbol and string indexes come from that table and the symbols.
+    unsafe {
+        let h = gnu_hash as *const u32;
+        let (nbuckets, symoffset, bloom_size) = (*h, *h.add(1), *h.add(2));
+        if nbuckets == 0 {
+            return None;
+        }
+        let buckets = h.add(4 + 2 * bloom_size as usize);
+        let chain = buckets.add(nbuckets as usize);
+        let mut i = *buckets.add((hash % nbuckets) as usize);
+        if i < symoffset {
+            return None;
+        }
+        loop {
+            let h2 = *chain.add((i - symoffset) as usize);
+            if (h2 | 1) == (hash | 1) {
+                let sym = &*(symtab as *const Sym).add(i as usize);
+                let s = CStr::from_ptr((strtab + sym.st_name as usize) as *const c_char);
+                if sym.st_shndx != SHN_UNDEF && s.to_bytes() == want {
+                    return Some(map.l_addr + sym.st_value as usize);
+                }
+            }
+            if h2 & 1 != 0 {
+                return None;
+            }
+            i += 1;
+        }
+    }
+}
