@@ -68,7 +68,7 @@ pub unsafe extern "C" fn ftramp_recorder_early_start(envp: *const *const c_char)
             environ = envp;
         }
     }
-    if STARTED_EARLY.swap(true, Relaxed) {
+    if !early_start_supported() || STARTED_EARLY.swap(true, Relaxed) {
         return;
     }
     // No panic may cross into the loader.
@@ -76,6 +76,18 @@ pub unsafe extern "C" fn ftramp_recorder_early_start(envp: *const *const c_char)
         ftramp_runtime::sites::starting_up();
         session::start()
     });
+}
+
+/// Whether this glibc has done, at the audit module's call, what starting
+/// threads needs: 2.34 and later (one libc with `pthread` inside, and
+/// `__libc_early_init` run before the audit checkpoint).  Older ones start
+/// in the constructor, as without the audit module.
+fn early_start_supported() -> bool {
+    // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
+    let v = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+    let mut parts = v.to_str().unwrap_or("").split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (2, 34)
 }
 
 /// Runs [`constructor`] when the library is loaded, before `main`.
