@@ -3,9 +3,10 @@
  * Tracees are built with `-pg -mprofile-kernel`: gcc puts `mflr r0 ; bl _mcount`
  * after each function's local entry point.  This file provides `_mcount` (it
  * returns to the site with LR restored, so an untouched site behaves like a
- * NOP) and, at start-up, turns the tracees' `bl _mcount` into `nop`, giving
- * the spec's disabled form `mflr r0 ; nop` — what Linux's ftrace_init does
- * with `ftrace_make_nop`.
+ * NOP) and, at start-up, turns every `mflr r0 ; bl _mcount` of the program's
+ * text into `mflr r0 ; nop`, the spec's disabled form — what Linux's
+ * ftrace_init does with `ftrace_make_nop`.  (Every one: only the tracees are
+ * built with -pg, and a site left calling `_mcount` would behave the same.)
  */
 #define ARCH_SP_MOD 0 /* r1 is 16-byte aligned at every call (ELFv2 2.2.2.1) */
 
@@ -21,6 +22,8 @@
 #define PPC_CHECK_FP(n, bit) "	mffprd %r10, %f" #n "\n" PPC_CHECK_REG("%r10", n, bit)
 
 #ifdef ARCH_HARNESS_ASM /* defined by harness.c only */
+#include <elf.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -87,41 +90,43 @@ __asm__(
 	"	addi %r1, %r1, 400\n	ld %r0, 16(%r1)\n	mtlr %r0\n	blr\n"
 	".size arch_call_checked, .-arch_call_checked\n");
 
-/* The tracees (tests/c/tracee*.c); only their code is read here. */
-extern char tracee_args[], tracee_args_alt[], tracee_fp[], tracee_two[], tracee_nested[], tracee_callsite[], tracee_ld[],
-	tracee_cld[];
-/* tests/c/abi_driver.c: the ABI tracees, 0-terminated. */
-extern void *const abi_tracees[];
 extern char _mcount[];
 
-/* `mflr r0 ; bl _mcount` in the first instructions of fn -> `mflr r0 ; nop`. */
-static void arch_nop_mcount(char *fn)
+/* `bl _mcount` at p -> `nop`. */
+static void arch_nop_at(unsigned int *p)
 {
-	unsigned int *p = (unsigned int *)fn;
-	for (int i = 0; i < 8; i++) {
-		unsigned int bl = p[i + 1];
-		if (p[i] != 0x7c0802a6 || (bl & 0xfc000003) != 0x48000001)
-			continue;
-		long off = (long)((int)((bl & 0x03fffffc) << 6) >> 6);
-		if ((char *)&p[i + 1] + off != _mcount)
-			continue;
-		long page = sysconf(_SC_PAGESIZE);
-		unsigned long start = (unsigned long)&p[i + 1] & ~(unsigned long)(page - 1);
-		mprotect((void *)start, 2 * page, PROT_READ | PROT_WRITE | PROT_EXEC);
-		p[i + 1] = 0x60000000; /* nop */
-		mprotect((void *)start, 2 * page, PROT_READ | PROT_EXEC);
-		__builtin___clear_cache((char *)&p[i + 1], (char *)&p[i + 2]);
-		return;
-	}
+	long page = sysconf(_SC_PAGESIZE);
+	unsigned long start = (unsigned long)p & ~(unsigned long)(page - 1);
+	mprotect((void *)start, 2 * page, PROT_READ | PROT_WRITE | PROT_EXEC);
+	*p = 0x60000000; /* nop */
+	mprotect((void *)start, 2 * page, PROT_READ | PROT_EXEC);
+	__builtin___clear_cache((char *)p, (char *)(p + 1));
 }
 
+/* Every `mflr r0 ; bl _mcount` in the main program's executable segments
+ * (its program headers from the auxiliary vector, its load bias from
+ * PT_PHDR). */
 __attribute__((constructor)) static void arch_init_sites(void)
 {
-	char *fns[] = { tracee_args, tracee_args_alt, tracee_fp, tracee_two, tracee_nested, tracee_callsite, tracee_ld, tracee_cld };
-	for (unsigned int i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
-		arch_nop_mcount(fns[i]);
-	for (unsigned int i = 0; abi_tracees[i]; i++)
-		arch_nop_mcount((char *)abi_tracees[i]);
+	const Elf64_Phdr *phdr = (const Elf64_Phdr *)getauxval(AT_PHDR);
+	unsigned long phnum = getauxval(AT_PHNUM), bias = 0;
+	for (unsigned long i = 0; i < phnum; i++)
+		if (phdr[i].p_type == PT_PHDR)
+			bias = (unsigned long)phdr - phdr[i].p_vaddr;
+	for (unsigned long i = 0; i < phnum; i++) {
+		if (phdr[i].p_type != PT_LOAD || !(phdr[i].p_flags & PF_X))
+			continue;
+		unsigned int *p = (unsigned int *)((bias + phdr[i].p_vaddr + 3) & ~3UL);
+		unsigned int *end = (unsigned int *)(bias + phdr[i].p_vaddr + phdr[i].p_memsz);
+		for (; p + 1 < end; p++) {
+			unsigned int bl = p[1];
+			if (p[0] != 0x7c0802a6 || (bl & 0xfc000003) != 0x48000001)
+				continue;
+			long off = (long)((int)((bl & 0x03fffffc) << 6) >> 6);
+			if ((char *)&p[1] + off == _mcount)
+				arch_nop_at(&p[1]);
+		}
+	}
 }
 #endif
 
