@@ -234,7 +234,16 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     }
     let prog = find_program(&a.command[0])?;
     let preload = find_preload()?;
-    let audit = find_audit(&preload)?;
+    let mut audit = find_audit(&preload)?;
+    if let (Some(_), Some((lib, total))) = (&audit, static_tls_over_room(&prog)) {
+        eprintln!(
+            "ftramp record: {} links {lib}, whose initial-exec TLS ({total} bytes with the other libraries') \
+             would not fit beside the audit module's early start: recording starts in the recorder's constructor, \
+             so calls made by the constructors of the libraries it links are not recorded",
+            prog.display()
+        );
+        audit = None;
+    }
     prepare_dir(&a.output)?;
     let dir = std::fs::canonicalize(&a.output)
         .with_context(|| format!("resolving {}", a.output.display()))?;
@@ -404,25 +413,77 @@ struct Summary {
     unfinished: Vec<(u32, u32)>,
 }
 
+/// `prog`'s `DT_NEEDED` names and its library search path from
+/// `DT_RUNPATH`/`DT_RPATH` (`$ORIGIN` replaced); empty when it is not a
+/// dynamically linked 64-bit ELF file.
+fn needed(prog: &Path) -> (Vec<String>, Vec<PathBuf>) {
+    use object::read::elf::{Dyn, ElfFile64, FileHeader};
+    use object::{elf, Endianness};
+    let none = || (Vec::new(), Vec::new());
+    let Ok(data) = std::fs::read(prog) else { return none() };
+    let Ok(file) = ElfFile64::<Endianness>::parse(&*data) else { return none() };
+    let (header, endian) = (file.elf_header(), file.endian());
+    let Ok(sections) = header.sections(endian, &*data) else { return none() };
+    let Ok(Some((dynamic, link))) = sections.dynamic(endian, &*data) else { return none() };
+    let Ok(strings) = sections.strings(endian, &*data, link) else { return none() };
+    let string = |d: &elf::Dyn64<Endianness>| d.string(endian, strings).ok().map(|n| String::from_utf8_lossy(n).into_owned());
+    let names = dynamic.iter().filter(|d| d.d_tag(endian) == elf::DT_NEEDED).filter_map(string).collect();
+    let origin = prog.parent().unwrap_or(Path::new("."));
+    let dirs = dynamic
+        .iter()
+        .filter(|d| matches!(d.d_tag(endian), elf::DT_RUNPATH | elf::DT_RPATH))
+        .filter_map(string)
+        .flat_map(|p| p.split(':').map(|d| PathBuf::from(d.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", &origin.to_string_lossy()))).collect::<Vec<_>>())
+        .collect();
+    (names, dirs)
+}
+
 /// The sanitizer runtimes `prog` links (`libasan.so.8`, …; their sonames,
 /// which the loader finds by itself): ASan and TSan must be the first
 /// libraries loaded, before any `LD_PRELOAD`ed one, or they abort.
 fn sanitizer_runtimes(prog: &Path) -> Vec<String> {
-    use object::read::elf::{Dyn, ElfFile64, FileHeader};
+    needed(prog).0.into_iter().filter(|n| ["libasan.so", "libtsan.so", "libhwasan.so"].iter().any(|p| n.starts_with(p))).collect()
+}
+
+/// Initial-exec TLS that start-up libraries may need beside the
+/// recorder's when the audit module is used, in bytes (glibc keeps about
+/// 1.8 KB spare with one audit module; libc takes 144 in each of two
+/// namespaces, the recorder 592).
+const AUDIT_STATIC_TLS_ROOM: u64 = 512;
+
+/// With an audit module glibc sets TLS up before it loads the program's
+/// libraries, and then has to place their initial-exec TLS in the little
+/// it keeps spare: a program that needs more (TSan's runtime has 768 KB)
+/// would fail to start ("cannot allocate memory in static TLS block").
+/// The library, of those `prog` links directly (and the loader's usual
+/// directories hold), whose initial-exec TLS takes it over
+/// [`AUDIT_STATIC_TLS_ROOM`], with the total; `None` when they fit.
+fn static_tls_over_room(prog: &Path) -> Option<(String, u64)> {
+    use object::read::elf::{Dyn, ElfFile64, FileHeader, ProgramHeader};
     use object::{elf, Endianness};
-    let Ok(data) = std::fs::read(prog) else { return Vec::new() };
-    let Ok(file) = ElfFile64::<Endianness>::parse(&*data) else { return Vec::new() };
-    let (header, endian) = (file.elf_header(), file.endian());
-    let Ok(sections) = header.sections(endian, &*data) else { return Vec::new() };
-    let Ok(Some((dynamic, link))) = sections.dynamic(endian, &*data) else { return Vec::new() };
-    let Ok(strings) = sections.strings(endian, &*data, link) else { return Vec::new() };
-    dynamic
-        .iter()
-        .filter(|d| d.d_tag(endian) == elf::DT_NEEDED)
-        .filter_map(|d| d.string(endian, strings).ok())
-        .map(|n| String::from_utf8_lossy(n).into_owned())
-        .filter(|n| ["libasan.so", "libtsan.so", "libhwasan.so"].iter().any(|p| n.starts_with(p)))
-        .collect()
+    let (names, mut dirs) = needed(prog);
+    dirs.extend(std::env::var_os("LD_LIBRARY_PATH").iter().flat_map(std::env::split_paths));
+    let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
+    dirs.extend(["/lib", "/usr/lib"].iter().map(|d| Path::new(d).join(&triple)));
+    dirs.extend(["/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"].iter().map(PathBuf::from));
+    // (libc's own initial-exec TLS is counted in the room.)
+    let tls = |name: &str| -> Option<u64> {
+        let data = dirs.iter().find_map(|d| std::fs::read(d.join(name)).ok())?;
+        let file = ElfFile64::<Endianness>::parse(&*data).ok()?;
+        let (header, endian) = (file.elf_header(), file.endian());
+        let static_tls = header.sections(endian, &*data).ok().and_then(|s| {
+            let (dynamic, _) = s.dynamic(endian, &*data).ok()??;
+            Some(dynamic.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS && d.d_val(endian) & elf::DF_STATIC_TLS.0 != 0))
+        });
+        if static_tls != Some(true) {
+            return None;
+        }
+        header.program_headers(endian, &*data).ok()?.iter().find(|p| p.p_type(endian) == elf::PT_TLS).map(|p| p.p_memsz(endian))
+    };
+    let mut sizes: Vec<(String, u64)> = names.iter().filter(|n| !n.starts_with("libc.so")).filter_map(|n| Some((n.clone(), tls(n)?))).collect();
+    let total: u64 = sizes.iter().map(|(_, s)| s).sum();
+    sizes.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
+    (total > AUDIT_STATIC_TLS_ROOM).then(|| (sizes[0].0.clone(), total))
 }
 
 /// Counts the images, their sites and lost events from the `.info` files.

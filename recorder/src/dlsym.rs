@@ -77,8 +77,16 @@ const WAIT: Duration = Duration::from_millis(50);
 /// registered nor in a child the recorder does not follow.
 fn sync_new_modules() {
     use ftramp_runtime::ftrace::{modules_handled, refresh_if_modules_changed};
-    // (The cheapest test first: `started` asks the kernel for the pid.)
-    if modules_handled() || !crate::session::started() || ftramp_runtime::grace::dispatch_depth() > 0 {
+    // The cheapest tests first (`started` asks the kernel for the pid).
+    // Nothing at all before recording started: a sanitizer runtime calls
+    // dlsym while it sets up its interceptors, and `modules_handled`'s
+    // dl_iterate_phdr would then reach TSan's interceptor before it has
+    // the real function (a jump to address 0).
+    if !crate::session::started_here_or_before_fork()
+        || modules_handled()
+        || !crate::session::started()
+        || ftramp_runtime::grace::dispatch_depth() > 0
+    {
         return;
     }
     if IN_SYNC.with(|f| f.replace(true)) {

@@ -159,6 +159,12 @@ pub fn started() -> bool {
     STARTED.load(Relaxed) && recording()
 }
 
+/// Whether recording started in this image or the one it was forked from
+/// (one load, no system call: [`started`] without the pid test).
+pub fn started_here_or_before_fork() -> bool {
+    STARTED.load(Relaxed)
+}
+
 /// The advice printed when the main program has no patch sites.
 pub fn no_sites_advice(exe: &str) -> String {
     ftramp_trace::format::no_sites_advice(exe, &ftramp_runtime::host_spec().raw.site.flags)
