@@ -237,7 +237,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     let mut audit = find_audit(&preload)?;
     if let (Some(_), Some((lib, total))) = (&audit, static_tls_over_room(&prog)) {
         eprintln!(
-            "ftramp record: {} links {lib}, whose initial-exec TLS ({total} bytes with the other libraries') \
+            "ftramp record: {} loads {lib}, whose initial-exec TLS ({total} bytes with the other libraries') \
              would not fit beside the audit module's early start: recording starts in the recorder's constructor, \
              so calls made by the constructors of the libraries it links are not recorded",
             prog.display()
@@ -455,32 +455,47 @@ const AUDIT_STATIC_TLS_ROOM: u64 = 512;
 /// libraries, and then has to place their initial-exec TLS in the little
 /// it keeps spare: a program that needs more (TSan's runtime has 768 KB)
 /// would fail to start ("cannot allocate memory in static TLS block").
-/// The library, of those `prog` links directly (and the loader's usual
-/// directories hold), whose initial-exec TLS takes it over
-/// [`AUDIT_STATIC_TLS_ROOM`], with the total; `None` when they fit.
+/// The library, of those `prog` loads at start-up (its `DT_NEEDED`
+/// closure, found through `DT_RUNPATH`/`DT_RPATH`, `LD_LIBRARY_PATH` and
+/// the loader's usual directories), with the most initial-exec TLS, and
+/// their total, when that total is over [`AUDIT_STATIC_TLS_ROOM`]; `None`
+/// when they fit.
 fn static_tls_over_room(prog: &Path) -> Option<(String, u64)> {
     use object::read::elf::{Dyn, ElfFile64, FileHeader, ProgramHeader};
     use object::{elf, Endianness};
-    let (names, mut dirs) = needed(prog);
-    dirs.extend(std::env::var_os("LD_LIBRARY_PATH").iter().flat_map(std::env::split_paths));
+    let mut system: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH").iter().flat_map(std::env::split_paths).collect();
     let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
-    dirs.extend(["/lib", "/usr/lib"].iter().map(|d| Path::new(d).join(&triple)));
-    dirs.extend(["/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"].iter().map(PathBuf::from));
-    // (libc's own initial-exec TLS is counted in the room.)
-    let tls = |name: &str| -> Option<u64> {
-        let data = dirs.iter().find_map(|d| std::fs::read(d.join(name)).ok())?;
+    system.extend(["/lib", "/usr/lib"].iter().map(|d| Path::new(d).join(&triple)));
+    system.extend(["/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"].iter().map(PathBuf::from));
+    // A library's initial-exec TLS size (its DF_STATIC_TLS segment), if any.
+    let static_tls = |path: &Path| -> Option<u64> {
+        let data = std::fs::read(path).ok()?;
         let file = ElfFile64::<Endianness>::parse(&*data).ok()?;
         let (header, endian) = (file.elf_header(), file.endian());
-        let static_tls = header.sections(endian, &*data).ok().and_then(|s| {
-            let (dynamic, _) = s.dynamic(endian, &*data).ok()??;
-            Some(dynamic.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS && d.d_val(endian) & elf::DF_STATIC_TLS.0 != 0))
-        });
-        if static_tls != Some(true) {
+        let sections = header.sections(endian, &*data).ok()?;
+        let (dynamic, _) = sections.dynamic(endian, &*data).ok()??;
+        if !dynamic.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS && d.d_val(endian) & elf::DF_STATIC_TLS.0 != 0) {
             return None;
         }
         header.program_headers(endian, &*data).ok()?.iter().find(|p| p.p_type(endian) == elf::PT_TLS).map(|p| p.p_memsz(endian))
     };
-    let mut sizes: Vec<(String, u64)> = names.iter().filter(|n| !n.starts_with("libc.so")).filter_map(|n| Some((n.clone(), tls(n)?))).collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut sizes: Vec<(String, u64)> = Vec::new();
+    let mut queue = vec![prog.to_path_buf()];
+    while let Some(obj) = queue.pop() {
+        let (names, own) = needed(&obj);
+        for name in names {
+            // (libc's own initial-exec TLS is counted in the room.)
+            if name.starts_with("libc.so") || !seen.insert(name.clone()) {
+                continue;
+            }
+            let Some(path) = own.iter().chain(&system).map(|d| d.join(&name)).find(|p| p.is_file()) else { continue };
+            if let Some(size) = static_tls(&path) {
+                sizes.push((name, size));
+            }
+            queue.push(path);
+        }
+    }
     let total: u64 = sizes.iter().map(|(_, s)| s).sum();
     sizes.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
     (total > AUDIT_STATIC_TLS_ROOM).then(|| (sizes[0].0.clone(), total))

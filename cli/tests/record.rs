@@ -139,6 +139,39 @@ fn a_thread_sanitizer_program_is_recorded() {
     sanitizer_program_is_recorded("thread", true);
 }
 
+/// A library loaded at start-up, even one linked only through another, with
+/// more initial-exec TLS than glibc keeps spare once an audit module is
+/// loaded (4 KB here): the program runs without the audit module (said on
+/// stderr) and is recorded, where with it it would not start.
+#[test]
+fn a_library_with_much_initial_exec_tls_is_run_without_the_audit_module() {
+    let dir0 = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-bigtls");
+    std::fs::create_dir_all(&dir0).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let big = write("big.c", "__attribute__((tls_model(\"initial-exec\"))) __thread char big_buf[4096];\nint big_touch(int i) { big_buf[i] += 1; return big_buf[i]; }\n");
+    let mid = write("mid.c", "int big_touch(int);\n__attribute__((noinline)) int mid_call(int i) { return big_touch(i); }\n");
+    let main = write("m.c", "#include <stdio.h>\nint mid_call(int);\nint main(void) { int s = 0; for (int i = 0; i < 10; i++) s += mid_call(i); printf(\"s %d\\n\", s); return 0; }\n");
+    let rpath = "-Wl,-rpath,$ORIGIN";
+    compile(&["-O2", "-shared", "-fPIC"], &dir0.join("libbig.so"), &big, &[]);
+    compile(&["-O2", "-shared", "-fPIC"], &dir0.join("libmid.so"), &mid, &["-L", dir0.to_str().unwrap(), "-lbig", rpath]);
+    let exe = dir0.join("m");
+    compile(&["-O2"], &exe, &main, &["-L", dir0.to_str().unwrap(), "-lmid", rpath]);
+    let d = dir("bigtls");
+    let o = record(&d, &[], &exe, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "s 10\n");
+    assert!(stderr(&o).contains("loads libbig.so, whose initial-exec TLS (4096 bytes"), "{}", stderr(&o));
+    let t = Trace::open(&d).unwrap();
+    let p = &t.processes[0];
+    let f = p.symbols.iter().find(|s| s.name == "mid_call").expect("mid_call is named").id;
+    let n = p.threads.iter().flat_map(|t| &t.events).filter(|e| e.func == f && e.kind == EventKind::Entry).count();
+    assert_eq!(n, 10);
+}
+
 #[test]
 fn records_threads_and_writes_info() {
     let d = dir("threads");
