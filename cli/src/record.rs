@@ -420,12 +420,14 @@ fn needed(prog: &Path) -> (Vec<String>, Vec<PathBuf>) {
     use object::read::elf::{Dyn, ElfFile64, FileHeader};
     use object::{elf, Endianness};
     let none = || (Vec::new(), Vec::new());
-    let Ok(data) = std::fs::read(prog) else { return none() };
-    let Ok(file) = ElfFile64::<Endianness>::parse(&*data) else { return none() };
+    // (Read as needed: only the headers and the dynamic section.)
+    let Ok(f) = std::fs::File::open(prog) else { return none() };
+    let data = object::ReadCache::new(f);
+    let Ok(file) = ElfFile64::<Endianness, _>::parse(&data) else { return none() };
     let (header, endian) = (file.elf_header(), file.endian());
-    let Ok(sections) = header.sections(endian, &*data) else { return none() };
-    let Ok(Some((dynamic, link))) = sections.dynamic(endian, &*data) else { return none() };
-    let Ok(strings) = sections.strings(endian, &*data, link) else { return none() };
+    let Ok(sections) = header.sections(endian, &data) else { return none() };
+    let Ok(Some((dynamic, link))) = sections.dynamic(endian, &data) else { return none() };
+    let Ok(strings) = sections.strings(endian, &data, link) else { return none() };
     let string = |d: &elf::Dyn64<Endianness>| d.string(endian, strings).ok().map(|n| String::from_utf8_lossy(n).into_owned());
     let names = dynamic.iter().filter(|d| d.d_tag(endian) == elf::DT_NEEDED).filter_map(string).collect();
     let origin = prog.parent().unwrap_or(Path::new("."));
@@ -469,15 +471,15 @@ fn static_tls_over_room(prog: &Path) -> Option<(String, u64)> {
     system.extend(["/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"].iter().map(PathBuf::from));
     // A library's initial-exec TLS size (its DF_STATIC_TLS segment), if any.
     let static_tls = |path: &Path| -> Option<u64> {
-        let data = std::fs::read(path).ok()?;
-        let file = ElfFile64::<Endianness>::parse(&*data).ok()?;
+        let data = object::ReadCache::new(std::fs::File::open(path).ok()?);
+        let file = ElfFile64::<Endianness, _>::parse(&data).ok()?;
         let (header, endian) = (file.elf_header(), file.endian());
-        let sections = header.sections(endian, &*data).ok()?;
-        let (dynamic, _) = sections.dynamic(endian, &*data).ok()??;
+        let sections = header.sections(endian, &data).ok()?;
+        let (dynamic, _) = sections.dynamic(endian, &data).ok()??;
         if !dynamic.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS && d.d_val(endian) & elf::DF_STATIC_TLS.0 != 0) {
             return None;
         }
-        header.program_headers(endian, &*data).ok()?.iter().find(|p| p.p_type(endian) == elf::PT_TLS).map(|p| p.p_memsz(endian))
+        header.program_headers(endian, &data).ok()?.iter().find(|p| p.p_type(endian) == elf::PT_TLS).map(|p| p.p_memsz(endian))
     };
     let mut seen = std::collections::HashSet::new();
     let mut sizes: Vec<(String, u64)> = Vec::new();
