@@ -413,38 +413,58 @@ struct Summary {
     unfinished: Vec<(u32, u32)>,
 }
 
-/// `prog`'s `DT_NEEDED` names and its library search path from
-/// `DT_RUNPATH`/`DT_RPATH` (`$ORIGIN` replaced); empty when it is not a
-/// dynamically linked 64-bit ELF file.
-fn needed(prog: &Path) -> (Vec<String>, Vec<PathBuf>) {
-    use object::read::elf::{Dyn, ElfFile64, FileHeader};
+/// What the loader reads from an object's dynamic section and program
+/// headers, for the checks below.
+#[derive(Default)]
+struct Dynamic {
+    /// `DT_NEEDED` names.
+    needed: Vec<String>,
+    /// `DT_RUNPATH`/`DT_RPATH` directories (`$ORIGIN` replaced).
+    runpath: Vec<PathBuf>,
+    /// The `PT_TLS` size of an object marked `DF_STATIC_TLS` (its TLS is
+    /// initial-exec: it must be in the static block).
+    static_tls: Option<u64>,
+}
+
+/// `path`'s [`Dynamic`]; empty when it is not a dynamically linked 64-bit
+/// ELF file.  Reads only the headers and the dynamic section.
+fn dynamic(path: &Path) -> Dynamic {
+    use object::read::elf::{Dyn, ElfFile64, FileHeader, ProgramHeader};
     use object::{elf, Endianness};
-    let none = || (Vec::new(), Vec::new());
-    // (Read as needed: only the headers and the dynamic section.)
-    let Ok(f) = std::fs::File::open(prog) else { return none() };
+    let Ok(f) = std::fs::File::open(path) else { return Dynamic::default() };
     let data = object::ReadCache::new(f);
-    let Ok(file) = ElfFile64::<Endianness, _>::parse(&data) else { return none() };
-    let (header, endian) = (file.elf_header(), file.endian());
-    let Ok(sections) = header.sections(endian, &data) else { return none() };
-    let Ok(Some((dynamic, link))) = sections.dynamic(endian, &data) else { return none() };
-    let Ok(strings) = sections.strings(endian, &data, link) else { return none() };
-    let string = |d: &elf::Dyn64<Endianness>| d.string(endian, strings).ok().map(|n| String::from_utf8_lossy(n).into_owned());
-    let names = dynamic.iter().filter(|d| d.d_tag(endian) == elf::DT_NEEDED).filter_map(string).collect();
-    let origin = prog.parent().unwrap_or(Path::new("."));
-    let dirs = dynamic
-        .iter()
-        .filter(|d| matches!(d.d_tag(endian), elf::DT_RUNPATH | elf::DT_RPATH))
-        .filter_map(string)
-        .flat_map(|p| p.split(':').map(|d| PathBuf::from(d.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", &origin.to_string_lossy()))).collect::<Vec<_>>())
-        .collect();
-    (names, dirs)
+    let read = || -> Option<Dynamic> {
+        let file = ElfFile64::<Endianness, _>::parse(&data).ok()?;
+        let (header, endian) = (file.elf_header(), file.endian());
+        let sections = header.sections(endian, &data).ok()?;
+        let (entries, link) = sections.dynamic(endian, &data).ok()??;
+        let strings = sections.strings(endian, &data, link).ok()?;
+        let string = |d: &elf::Dyn64<Endianness>| d.string(endian, strings).ok().map(|n| String::from_utf8_lossy(n).into_owned());
+        let origin = path.parent().unwrap_or(Path::new(".")).to_string_lossy();
+        let static_tls = entries.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS && d.d_val(endian) & elf::DF_STATIC_TLS.0 != 0);
+        Some(Dynamic {
+            needed: entries.iter().filter(|d| d.d_tag(endian) == elf::DT_NEEDED).filter_map(string).collect(),
+            runpath: entries
+                .iter()
+                .filter(|d| matches!(d.d_tag(endian), elf::DT_RUNPATH | elf::DT_RPATH))
+                .filter_map(string)
+                .flat_map(|p| p.split(':').map(|d| PathBuf::from(d.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", &origin))).collect::<Vec<_>>())
+                .collect(),
+            static_tls: if static_tls {
+                header.program_headers(endian, &data).ok()?.iter().find(|p| p.p_type(endian) == elf::PT_TLS).map(|p| p.p_memsz(endian))
+            } else {
+                None
+            },
+        })
+    };
+    read().unwrap_or_default()
 }
 
 /// The sanitizer runtimes `prog` links (`libasan.so.8`, …; their sonames,
 /// which the loader finds by itself): ASan and TSan must be the first
 /// libraries loaded, before any `LD_PRELOAD`ed one, or they abort.
 fn sanitizer_runtimes(prog: &Path) -> Vec<String> {
-    needed(prog).0.into_iter().filter(|n| ["libasan.so", "libtsan.so", "libhwasan.so"].iter().any(|p| n.starts_with(p))).collect()
+    dynamic(prog).needed.into_iter().filter(|n| ["libasan.so", "libtsan.so", "libhwasan.so"].iter().any(|p| n.starts_with(p))).collect()
 }
 
 /// Initial-exec TLS that start-up libraries may need beside the
@@ -463,39 +483,25 @@ const AUDIT_STATIC_TLS_ROOM: u64 = 512;
 /// their total, when that total is over [`AUDIT_STATIC_TLS_ROOM`]; `None`
 /// when they fit.
 fn static_tls_over_room(prog: &Path) -> Option<(String, u64)> {
-    use object::read::elf::{Dyn, ElfFile64, FileHeader, ProgramHeader};
-    use object::{elf, Endianness};
     let mut system: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH").iter().flat_map(std::env::split_paths).collect();
     let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
     system.extend(["/lib", "/usr/lib"].iter().map(|d| Path::new(d).join(&triple)));
     system.extend(["/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"].iter().map(PathBuf::from));
-    // A library's initial-exec TLS size (its DF_STATIC_TLS segment), if any.
-    let static_tls = |path: &Path| -> Option<u64> {
-        let data = object::ReadCache::new(std::fs::File::open(path).ok()?);
-        let file = ElfFile64::<Endianness, _>::parse(&data).ok()?;
-        let (header, endian) = (file.elf_header(), file.endian());
-        let sections = header.sections(endian, &data).ok()?;
-        let (dynamic, _) = sections.dynamic(endian, &data).ok()??;
-        if !dynamic.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS && d.d_val(endian) & elf::DF_STATIC_TLS.0 != 0) {
-            return None;
-        }
-        header.program_headers(endian, &data).ok()?.iter().find(|p| p.p_type(endian) == elf::PT_TLS).map(|p| p.p_memsz(endian))
-    };
     let mut seen = std::collections::HashSet::new();
     let mut sizes: Vec<(String, u64)> = Vec::new();
-    let mut queue = vec![prog.to_path_buf()];
+    let mut queue = vec![dynamic(prog)];
     while let Some(obj) = queue.pop() {
-        let (names, own) = needed(&obj);
-        for name in names {
+        for name in obj.needed {
             // (libc's own initial-exec TLS is counted in the room.)
             if name.starts_with("libc.so") || !seen.insert(name.clone()) {
                 continue;
             }
-            let Some(path) = own.iter().chain(&system).map(|d| d.join(&name)).find(|p| p.is_file()) else { continue };
-            if let Some(size) = static_tls(&path) {
+            let Some(path) = obj.runpath.iter().chain(&system).map(|d| d.join(&name)).find(|p| p.is_file()) else { continue };
+            let lib = dynamic(&path);
+            if let Some(size) = lib.static_tls {
                 sizes.push((name, size));
             }
-            queue.push(path);
+            queue.push(lib);
         }
     }
     let total: u64 = sizes.iter().map(|(_, s)| s).sum();

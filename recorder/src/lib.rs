@@ -28,21 +28,10 @@ pub mod tracefile;
 pub mod tracer;
 
 use std::ffi::{c_char, c_int};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-
-/// Recording was started by the audit module (`libftramp_audit.so`,
-/// `LD_AUDIT`), before any constructor ran.
-static STARTED_EARLY: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn constructor() {
     // No panic may cross into the loader.
-    let _ = std::panic::catch_unwind(|| {
-        if STARTED_EARLY.load(Relaxed) {
-            session::after_early_start()
-        } else {
-            session::start()
-        }
-    });
+    let _ = std::panic::catch_unwind(session::start);
 }
 
 /// Starts recording before any library's constructor runs: called by the
@@ -54,12 +43,15 @@ extern "C" fn constructor() {
 /// their constructors before this library's, with nothing patched yet.
 ///
 /// # Safety
-/// Called once by the audit module, single-threaded, before constructors;
+/// Called by the audit module, single-threaded, before constructors;
 /// `envp` is null or the process's NULL-terminated environment.
 #[no_mangle]
 pub unsafe extern "C" fn ftramp_recorder_early_start(envp: *const *const c_char) {
     extern "C" {
         static mut environ: *const *const c_char;
+    }
+    if !early_start_supported() {
+        return;
     }
     // SAFETY: no other thread exists yet and libc has not set `environ`
     // (null) — it will set it to this same array in its constructor.
@@ -67,9 +59,6 @@ pub unsafe extern "C" fn ftramp_recorder_early_start(envp: *const *const c_char)
         if environ.is_null() {
             environ = envp;
         }
-    }
-    if !early_start_supported() || STARTED_EARLY.swap(true, Relaxed) {
-        return;
     }
     // No panic may cross into the loader.
     let _ = std::panic::catch_unwind(|| {

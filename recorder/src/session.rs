@@ -64,8 +64,22 @@ fn say(msg: &str) {
     let _ = writeln!(std::io::stderr(), "ftramp record: {msg}");
 }
 
-/// The constructor's work.  Errors leave the program running untraced.
+/// [`start`] ran in this image.
+static BEGUN: AtomicBool = AtomicBool::new(false);
+
+/// Starts recording, once per image: from the audit module's early call
+/// (before any constructor), else from the library's constructor.  Called
+/// again — by the constructor after an early start — it only pins the
+/// trace directory in the environment again: libc's constructor has put
+/// back the environment the process started with in between.  Errors
+/// leave the program running untraced.
 pub fn start() {
+    if BEGUN.swap(true, Relaxed) {
+        if let Some(opts) = OPTIONS.get() {
+            pin_dir_in_env(opts);
+        }
+        return;
+    }
     let opts = match Options::from_env() {
         Ok(Some(o)) => o,
         Ok(None) => return,
@@ -82,15 +96,6 @@ pub fn start() {
 fn pin_dir_in_env(opts: &Options) {
     if std::env::var_os(crate::options::ENV_DIR).is_some_and(|d| std::path::Path::new(&d) != opts.dir) {
         std::env::set_var(crate::options::ENV_DIR, &opts.dir);
-    }
-}
-
-/// The preload's constructor after an early [`start`] (from the audit
-/// module, before libc's own constructor, which then put back the
-/// environment the process started with): the environment again.
-pub fn after_early_start() {
-    if let Some(opts) = OPTIONS.get() {
-        pin_dir_in_env(opts);
     }
 }
 

@@ -132,20 +132,7 @@ mod cached {
 
     // The slot: 8 bytes of .tbss, hidden, reached through its GOT word
     // (R_X86_64_TPOFF64 / R_AARCH64_TLS_TPREL64: its offset from the
-    // thread pointer).
-    #[cfg(target_arch = "x86_64")]
-    std::arch::global_asm!(
-        ".pushsection .tbss.ftramp_runtime_this,\"awT\",@nobits",
-        ".p2align 3",
-        ".globl ftramp_runtime_this",
-        ".hidden ftramp_runtime_this",
-        ".type ftramp_runtime_this, @object",
-        ".size ftramp_runtime_this, 8",
-        "ftramp_runtime_this:",
-        ".zero 8",
-        ".popsection",
-    );
-    #[cfg(target_arch = "aarch64")]
+    // thread pointer).  (`%` type prefixes: `@` starts a comment on Arm.)
     std::arch::global_asm!(
         ".pushsection .tbss.ftramp_runtime_this,\"awT\",%nobits",
         ".p2align 3",
@@ -162,13 +149,13 @@ mod cached {
     #[inline(always)]
     pub(super) fn load() -> *const ThreadState {
         let p: *const ThreadState;
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: reads this thread's slot (the GOT word holds its offset
         // from the thread pointer); no other memory, stack or flags.
         // Declared `nomem` so that the compiler computes it once per
         // function, across calls: the slot only ever goes from null to this
         // thread's block, and a stale null just takes `this_slow` again,
         // which returns the block.
-        #[cfg(target_arch = "x86_64")]
         unsafe {
             std::arch::asm!(
                 "movq ftramp_runtime_this@GOTTPOFF(%rip), {p}",
@@ -177,8 +164,8 @@ mod cached {
                 options(att_syntax, pure, nomem, nostack, preserves_flags),
             );
         }
-        // SAFETY: as above (tpidr_el0 is the thread pointer).
         #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above (tpidr_el0 is the thread pointer).
         unsafe {
             std::arch::asm!(
                 "mrs {t}, tpidr_el0",
@@ -195,8 +182,8 @@ mod cached {
 
     /// Caches `t`, this thread's block.
     pub(super) fn store(t: &'static ThreadState) {
-        // SAFETY: writes this thread's slot only (see `load`).
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: writes this thread's slot only (see `load`).
         unsafe {
             std::arch::asm!(
                 "movq ftramp_runtime_this@GOTTPOFF(%rip), {o}",
@@ -206,8 +193,8 @@ mod cached {
                 options(att_syntax, nostack, preserves_flags),
             );
         }
-        // SAFETY: as above.
         #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
         unsafe {
             std::arch::asm!(
                 "mrs {tp}, tpidr_el0",

@@ -32,6 +32,9 @@
 //! Every function here is called by the dynamic loader, which is why this
 //! crate is all `unsafe` FFI; each block says why it is sound.
 
+use object::elf::{gnu_hash, Dyn64, Sym64, DT_GNU_HASH, DT_NULL, DT_STRTAB, DT_SYMTAB, SHN_UNDEF};
+use object::read::elf::Dyn;
+use object::NativeEndian as NE;
 use std::ffi::{c_char, c_uint, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
 
@@ -48,34 +51,10 @@ const LM_ID_BASE: isize = 0;
 pub struct LinkMap {
     l_addr: usize,
     l_name: *const c_char,
-    l_ld: *const Dyn,
+    l_ld: *const Dyn64<NE>,
     l_next: *const LinkMap,
     l_prev: *const LinkMap,
 }
-
-/// `Elf64_Dyn`.
-#[repr(C)]
-struct Dyn {
-    d_tag: i64,
-    d_val: u64,
-}
-
-/// `Elf64_Sym`.
-#[repr(C)]
-struct Sym {
-    st_name: u32,
-    st_info: u8,
-    st_other: u8,
-    st_shndx: u16,
-    st_value: u64,
-    st_size: u64,
-}
-
-const DT_NULL: i64 = 0;
-const DT_STRTAB: i64 = 5;
-const DT_SYMTAB: i64 = 6;
-const DT_GNU_HASH: i64 = 0x6fff_fef5;
-const SHN_UNDEF: u16 = 0;
 
 /// The first object of the program's namespace (the executable).
 static HEAD: AtomicPtr<LinkMap> = AtomicPtr::new(std::ptr::null_mut());
@@ -162,32 +141,32 @@ unsafe fn lookup(map: &LinkMap, name: &CStr) -> Option<usize> {
             p
         }
     };
-    let (mut strtab, mut symtab, mut gnu_hash) = (0usize, 0usize, 0usize);
+    let (mut strtab, mut symtab, mut hash_table) = (0usize, 0usize, 0usize);
     let mut d = map.l_ld;
     loop {
         // SAFETY: the dynamic section is an array ended by DT_NULL.
         let e = unsafe { &*d };
-        match e.d_tag {
+        match e.d_tag(NE) {
             DT_NULL => break,
-            DT_STRTAB => strtab = abs(e.d_val),
-            DT_SYMTAB => symtab = abs(e.d_val),
-            DT_GNU_HASH => gnu_hash = abs(e.d_val),
+            DT_STRTAB => strtab = abs(e.d_val(NE)),
+            DT_SYMTAB => symtab = abs(e.d_val(NE)),
+            DT_GNU_HASH => hash_table = abs(e.d_val(NE)),
             _ => {}
         }
         // SAFETY: not past DT_NULL.
         d = unsafe { d.add(1) };
     }
-    if strtab == 0 || symtab == 0 || gnu_hash == 0 {
+    if strtab == 0 || symtab == 0 || hash_table == 0 {
         return None;
     }
     let want = name.to_bytes();
-    let hash = want.iter().fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(c as u32));
+    let hash = gnu_hash(want);
     // SAFETY: the GNU hash table's layout: nbuckets, symoffset,
     // bloom_size, bloom_shift (u32 each), bloom words (u64 on 64-bit
     // targets), buckets (u32), chain (u32), all mapped with the object;
     // symbol and string indexes come from that table and the symbols.
     unsafe {
-        let h = gnu_hash as *const u32;
+        let h = hash_table as *const u32;
         let (nbuckets, symoffset, bloom_size) = (*h, *h.add(1), *h.add(2));
         if nbuckets == 0 {
             return None;
@@ -201,10 +180,10 @@ unsafe fn lookup(map: &LinkMap, name: &CStr) -> Option<usize> {
         loop {
             let h2 = *chain.add((i - symoffset) as usize);
             if (h2 | 1) == (hash | 1) {
-                let sym = &*(symtab as *const Sym).add(i as usize);
-                let s = CStr::from_ptr((strtab + sym.st_name as usize) as *const c_char);
-                if sym.st_shndx != SHN_UNDEF && s.to_bytes() == want {
-                    return Some(map.l_addr + sym.st_value as usize);
+                let sym = &*(symtab as *const Sym64<NE>).add(i as usize);
+                let s = CStr::from_ptr((strtab + sym.st_name.get(NE) as usize) as *const c_char);
+                if sym.st_shndx.get(NE) != SHN_UNDEF && s.to_bytes() == want {
+                    return Some(map.l_addr + sym.st_value.get(NE) as usize);
                 }
             }
             if h2 & 1 != 0 {
