@@ -151,7 +151,11 @@ enum Cmd {
     /// audit module in `LD_AUDIT` (which starts recording before any
     /// library constructor runs), both found next to this binary or in its
     /// `deps/`; `FTRAMP_PRELOAD` and `FTRAMP_AUDIT` name others
-    /// (`FTRAMP_AUDIT=` for no audit module).
+    /// (`FTRAMP_AUDIT=` for no audit module). A program whose libraries
+    /// have more initial-exec TLS than glibc keeps spare beside an audit
+    /// module (sanitizer runtimes, jemalloc) also gets a larger
+    /// `glibc.rtld.optional_static_tls` in `GLIBC_TUNABLES` while it starts,
+    /// and so does each program it starts.
     Record(record::RecordArgs),
     /// Print a recorded trace as a call graph, ftrace `function_graph` style: durations,
     /// indented `{`/`}` per call, one section per process and thread.

@@ -3,6 +3,7 @@
 //! and leaves a trace directory for `ftramp replay|report|dump`.
 
 use anyhow::{bail, Context, Result};
+use ftramp_recorder::startup;
 use ftramp_trace::format::record_env as env;
 use ftramp_trace::format::{parse_duration_ns, parse_size, toml_str, toml_u64};
 use std::ffi::OsString;
@@ -234,16 +235,19 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     }
     let prog = find_program(&a.command[0])?;
     let preload = find_preload()?;
-    let mut audit = find_audit(&preload)?;
-    if let (Some(_), Some((lib, total))) = (&audit, static_tls_over_room(&prog)) {
-        eprintln!(
-            "ftramp record: {} loads {lib}, whose initial-exec TLS ({total} bytes with the other libraries') \
-             would not fit beside the audit module's early start: recording starts in the recorder's constructor, \
-             so calls made by the constructors of the libraries it links are not recorded",
-            prog.display()
-        );
-        audit = None;
-    }
+    // (Before glibc 2.34 the module could not start recording early, and
+    // would only take TLS room.)
+    let audit = find_audit(&preload)?.filter(|_| ftramp_recorder::early_start_supported());
+    // Room for the initial-exec TLS of the program's libraries beside the
+    // audit module (ftramp_recorder::startup): the user's own tunables
+    // go back into the environment when the recorder starts.
+    let user_tunables = std::env::var_os("GLIBC_TUNABLES");
+    let tunables = audit.as_ref().and_then(|_| {
+        let preloads: Vec<PathBuf> = std::env::var("LD_PRELOAD").unwrap_or_default().split([':', ' ']).filter(|p| !p.is_empty()).map(PathBuf::from).collect();
+        let need = startup::need(&prog, std::env::var_os("LD_LIBRARY_PATH").as_deref(), &preloads).map_or(0, |(_, n)| n);
+        let user = user_tunables.as_ref().map(|u| u.to_string_lossy().into_owned());
+        startup::tunables(user.as_deref(), need).filter(|t| Some(t) != user.as_ref())
+    });
     prepare_dir(&a.output)?;
     let dir = std::fs::canonicalize(&a.output)
         .with_context(|| format!("resolving {}", a.output.display()))?;
@@ -287,7 +291,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // A sanitizer's runtime insists on coming first among the libraries
     // (ASan aborts otherwise): it goes before the recorder.
     let mut ld_preload = std::ffi::OsString::new();
-    for san in sanitizer_runtimes(&prog) {
+    for san in startup::sanitizer_runtimes(&prog) {
         ld_preload.push(&san);
         ld_preload.push(" ");
     }
@@ -305,6 +309,9 @@ pub fn run(a: RecordArgs) -> Result<i32> {
             ld_audit.push(old);
         }
         cmd.env("LD_AUDIT", ld_audit);
+    }
+    if let Some(t) = &tunables {
+        cmd.env("GLIBC_TUNABLES", t).env(startup::ENV_USER_TUNABLES, startup::encode_user_tunables(user_tunables.as_deref()));
     }
     cmd.env("LD_PRELOAD", ld_preload)
         .env(env::DIR, &dir)
@@ -411,102 +418,6 @@ struct Summary {
     lost: u64,
     /// Images (pid, image number) whose `.info` has no `exit` line.
     unfinished: Vec<(u32, u32)>,
-}
-
-/// What the loader reads from an object's dynamic section and program
-/// headers, for the checks below.
-#[derive(Default)]
-struct Dynamic {
-    /// `DT_NEEDED` names.
-    needed: Vec<String>,
-    /// `DT_RUNPATH`/`DT_RPATH` directories (`$ORIGIN` replaced).
-    runpath: Vec<PathBuf>,
-    /// The `PT_TLS` size of an object marked `DF_STATIC_TLS` (its TLS is
-    /// initial-exec: it must be in the static block).
-    static_tls: Option<u64>,
-}
-
-/// `path`'s [`Dynamic`]; empty when it is not a dynamically linked 64-bit
-/// ELF file.  Reads only the headers and the dynamic section.
-fn dynamic(path: &Path) -> Dynamic {
-    use object::read::elf::{Dyn, ElfFile64, FileHeader, ProgramHeader};
-    use object::{elf, Endianness};
-    let Ok(f) = std::fs::File::open(path) else { return Dynamic::default() };
-    let data = object::ReadCache::new(f);
-    let read = || -> Option<Dynamic> {
-        let file = ElfFile64::<Endianness, _>::parse(&data).ok()?;
-        let (header, endian) = (file.elf_header(), file.endian());
-        let sections = header.sections(endian, &data).ok()?;
-        let (entries, link) = sections.dynamic(endian, &data).ok()??;
-        let strings = sections.strings(endian, &data, link).ok()?;
-        let string = |d: &elf::Dyn64<Endianness>| d.string(endian, strings).ok().map(|n| String::from_utf8_lossy(n).into_owned());
-        let origin = path.parent().unwrap_or(Path::new(".")).to_string_lossy();
-        let static_tls = entries.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS && d.d_val(endian) & elf::DF_STATIC_TLS.0 != 0);
-        Some(Dynamic {
-            needed: entries.iter().filter(|d| d.d_tag(endian) == elf::DT_NEEDED).filter_map(string).collect(),
-            runpath: entries
-                .iter()
-                .filter(|d| matches!(d.d_tag(endian), elf::DT_RUNPATH | elf::DT_RPATH))
-                .filter_map(string)
-                .flat_map(|p| p.split(':').map(|d| PathBuf::from(d.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", &origin))).collect::<Vec<_>>())
-                .collect(),
-            static_tls: if static_tls {
-                header.program_headers(endian, &data).ok()?.iter().find(|p| p.p_type(endian) == elf::PT_TLS).map(|p| p.p_memsz(endian))
-            } else {
-                None
-            },
-        })
-    };
-    read().unwrap_or_default()
-}
-
-/// The sanitizer runtimes `prog` links (`libasan.so.8`, …; their sonames,
-/// which the loader finds by itself): ASan and TSan must be the first
-/// libraries loaded, before any `LD_PRELOAD`ed one, or they abort.
-fn sanitizer_runtimes(prog: &Path) -> Vec<String> {
-    dynamic(prog).needed.into_iter().filter(|n| ["libasan.so", "libtsan.so", "libhwasan.so"].iter().any(|p| n.starts_with(p))).collect()
-}
-
-/// Initial-exec TLS that start-up libraries may need beside the
-/// recorder's when the audit module is used, in bytes (glibc keeps about
-/// 1.8 KB spare with one audit module; libc takes 144 in each of two
-/// namespaces, the recorder 592).
-const AUDIT_STATIC_TLS_ROOM: u64 = 512;
-
-/// With an audit module glibc sets TLS up before it loads the program's
-/// libraries, and then has to place their initial-exec TLS in the little
-/// it keeps spare: a program that needs more (TSan's runtime has 768 KB)
-/// would fail to start ("cannot allocate memory in static TLS block").
-/// The library, of those `prog` loads at start-up (its `DT_NEEDED`
-/// closure, found through `DT_RUNPATH`/`DT_RPATH`, `LD_LIBRARY_PATH` and
-/// the loader's usual directories), with the most initial-exec TLS, and
-/// their total, when that total is over [`AUDIT_STATIC_TLS_ROOM`]; `None`
-/// when they fit.
-fn static_tls_over_room(prog: &Path) -> Option<(String, u64)> {
-    let mut system: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH").iter().flat_map(std::env::split_paths).collect();
-    let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
-    system.extend(["/lib", "/usr/lib"].iter().map(|d| Path::new(d).join(&triple)));
-    system.extend(["/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"].iter().map(PathBuf::from));
-    let mut seen = std::collections::HashSet::new();
-    let mut sizes: Vec<(String, u64)> = Vec::new();
-    let mut queue = vec![dynamic(prog)];
-    while let Some(obj) = queue.pop() {
-        for name in obj.needed {
-            // (libc's own initial-exec TLS is counted in the room.)
-            if name.starts_with("libc.so") || !seen.insert(name.clone()) {
-                continue;
-            }
-            let Some(path) = obj.runpath.iter().chain(&system).map(|d| d.join(&name)).find(|p| p.is_file()) else { continue };
-            let lib = dynamic(&path);
-            if let Some(size) = lib.static_tls {
-                sizes.push((name, size));
-            }
-            queue.push(lib);
-        }
-    }
-    let total: u64 = sizes.iter().map(|(_, s)| s).sum();
-    sizes.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
-    (total > AUDIT_STATIC_TLS_ROOM).then(|| (sizes[0].0.clone(), total))
 }
 
 /// Counts the images, their sites and lost events from the `.info` files.

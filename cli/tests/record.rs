@@ -87,16 +87,15 @@ fn an_image_ending_unseen_is_reported() {
     assert!(!stderr(&o).contains("ended without"), "{}", stderr(&o));
 }
 
-/// A program built with AddressSanitizer, whose runtime aborts unless it
-/// is the first library loaded: `ftramp record` puts it before the
-/// recorder in `LD_PRELOAD` (it aborted with "ASan runtime does not come
-/// first in initial library list" before).
 /// A sanitizer's runtime must be the first library loaded: `ftramp record`
-/// puts it before the recorder.  TSan's runtime also has 768 KB of
-/// initial-exec TLS, which glibc cannot place once an audit module made it
-/// set TLS up early: the program then runs without the audit module (said
-/// on stderr) instead of failing to start.
-fn sanitizer_program_is_recorded(sanitizer: &str, without_audit: bool) {
+/// puts it before the recorder in `LD_PRELOAD` (ASan aborted with "ASan
+/// runtime does not come first in initial library list" before).  TSan's
+/// runtime also has 768 KB of initial-exec TLS, which glibc places only in
+/// its surplus once an audit module made it set TLS up early: the surplus
+/// is raised for it (the program failed to start with the module before).
+/// Also run through `sh -c`, whose exec of the program is the recorder's
+/// to give the same room (dash execs from a `vfork` child).
+fn sanitizer_program_is_recorded(sanitizer: &str) {
     let dir0 = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("record-cli-{sanitizer}"));
     std::fs::create_dir_all(&dir0).unwrap();
     let src = dir0.join("san.c");
@@ -113,21 +112,23 @@ fn sanitizer_program_is_recorded(sanitizer: &str, without_audit: bool) {
     let exe = dir0.join("san");
     // (The runtimes come with gcc.)
     compile(&["-O1", &format!("-fsanitize={sanitizer}")], &exe, &src, &["-lpthread"]);
-    let d = dir(sanitizer);
-    let o = record(&d, &[], &exe, &[]);
-    assert!(o.status.success(), "{sanitizer}: {}", stderr(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "-70 1275\n");
-    assert_eq!(stderr(&o).contains("initial-exec TLS"), without_audit, "{sanitizer}: {}", stderr(&o));
-    let t = Trace::open(&d).unwrap();
-    let p = &t.processes[0];
-    let leaf = p.symbols.iter().find(|s| s.name == "leaf").expect("leaf is named").id;
-    let n = p.threads.iter().flat_map(|t| &t.events).filter(|e| e.func == leaf && e.kind == EventKind::Entry).count();
-    assert_eq!(n, 150, "{sanitizer}");
+    let sh = format!("'{}'", exe.display());
+    for (how, prog, args) in [("direct", exe.as_path(), &[][..]), ("sh", Path::new("/bin/sh"), &["-c", sh.as_str()][..])] {
+        let d = dir(&format!("{sanitizer}-{how}"));
+        let o = record(&d, &[], prog, args);
+        assert!(o.status.success(), "{sanitizer} {how}: {}", stderr(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "-70 1275\n", "{sanitizer} {how}");
+        let t = Trace::open(&d).unwrap();
+        let p = t.processes.iter().find(|p| p.symbols.iter().any(|s| s.name == "leaf")).expect("the program is recorded");
+        let leaf = p.symbols.iter().find(|s| s.name == "leaf").unwrap().id;
+        let n = p.threads.iter().flat_map(|t| &t.events).filter(|e| e.func == leaf && e.kind == EventKind::Entry).count();
+        assert_eq!(n, 150, "{sanitizer} {how}");
+    }
 }
 
 #[test]
 fn an_address_sanitizer_program_is_recorded() {
-    sanitizer_program_is_recorded("address", false);
+    sanitizer_program_is_recorded("address");
 }
 
 /// Also: the recorder's `dlsym` interposer does nothing before recording
@@ -136,15 +137,22 @@ fn an_address_sanitizer_program_is_recorded() {
 /// before that had the real function: the program crashed).
 #[test]
 fn a_thread_sanitizer_program_is_recorded() {
-    sanitizer_program_is_recorded("thread", true);
+    sanitizer_program_is_recorded("thread");
 }
 
 /// A library loaded at start-up, even one linked only through another, with
 /// more initial-exec TLS than glibc keeps spare once an audit module is
-/// loaded (4 KB here): the program runs without the audit module (said on
-/// stderr) and is recorded, where with it it would not start.
+/// loaded (4 KB here; with the module and nothing else the program does
+/// not start: "cannot allocate memory in static TLS block").  `ftramp
+/// record` raises glibc's surplus for it, and so do the exec and
+/// `posix_spawn` interposers for each image started from a recorded one:
+/// the program runs with the module, so its library's constructor is
+/// recorded, and sees its own `GLIBC_TUNABLES`, not ours.  Started
+/// directly, by `sh -c` (from dash's `vfork` child), by `posix_spawn` with
+/// `environ`, and by `execve` with main's `envp` (which still holds the
+/// variables the image started with).
 #[test]
-fn a_library_with_much_initial_exec_tls_is_run_without_the_audit_module() {
+fn a_library_with_much_initial_exec_tls_gets_room_beside_the_audit_module() {
     let dir0 = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-bigtls");
     std::fs::create_dir_all(&dir0).unwrap();
     let write = |name: &str, text: &str| {
@@ -153,23 +161,57 @@ fn a_library_with_much_initial_exec_tls_is_run_without_the_audit_module() {
         p
     };
     let big = write("big.c", "__attribute__((tls_model(\"initial-exec\"))) __thread char big_buf[4096];\nint big_touch(int i) { big_buf[i] += 1; return big_buf[i]; }\n");
-    let mid = write("mid.c", "int big_touch(int);\n__attribute__((noinline)) int mid_call(int i) { return big_touch(i); }\n");
-    let main = write("m.c", "#include <stdio.h>\nint mid_call(int);\nint main(void) { int s = 0; for (int i = 0; i < 10; i++) s += mid_call(i); printf(\"s %d\\n\", s); return 0; }\n");
+    let mid = write(
+        "mid.c",
+        "int big_touch(int);\n__attribute__((noinline)) int mid_call(int i) { return big_touch(i); }\n\
+         __attribute__((constructor)) static void mid_init(void) { for (int i = 0; i < 3; i++) mid_call(100 + i); }\n",
+    );
+    let main = write(
+        "m.c",
+        "#include <spawn.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include <sys/wait.h>\n#include <unistd.h>\n\
+         extern char **environ;\nint mid_call(int);\n\
+         int main(int argc, char **argv, char **envp) {\n\
+           int s = 0; for (int i = 0; i < 10; i++) s += mid_call(i);\n\
+           const char *t = getenv(\"GLIBC_TUNABLES\");\n\
+           printf(\"s %d tunables %s\\n\", s, t ? t : \"-\"); fflush(stdout);\n\
+           char *child[] = { argv[0], NULL }; pid_t pid;\n\
+           if (argc > 1 && !strcmp(argv[1], \"spawn\")) { if (posix_spawn(&pid, argv[0], 0, 0, child, environ)) return 9; }\n\
+           else if (argc > 1 && !strcmp(argv[1], \"envp\")) { if (!(pid = fork())) { execve(argv[0], child, envp); _exit(8); } }\n\
+           else return 0;\n\
+           int st; waitpid(pid, &st, 0); return WIFEXITED(st) ? WEXITSTATUS(st) : 7; }\n",
+    );
     let rpath = "-Wl,-rpath,$ORIGIN";
     compile(&["-O2", "-shared", "-fPIC"], &dir0.join("libbig.so"), &big, &[]);
     compile(&["-O2", "-shared", "-fPIC"], &dir0.join("libmid.so"), &mid, &["-L", dir0.to_str().unwrap(), "-lbig", rpath]);
     let exe = dir0.join("m");
     compile(&["-O2"], &exe, &main, &["-L", dir0.to_str().unwrap(), "-lmid", rpath]);
-    let d = dir("bigtls");
-    let o = record(&d, &[], &exe, &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "s 10\n");
-    assert!(stderr(&o).contains("loads libbig.so, whose initial-exec TLS (4096 bytes"), "{}", stderr(&o));
-    let t = Trace::open(&d).unwrap();
-    let p = &t.processes[0];
-    let f = p.symbols.iter().find(|s| s.name == "mid_call").expect("mid_call is named").id;
-    let n = p.threads.iter().flat_map(|t| &t.events).filter(|e| e.func == f && e.kind == EventKind::Entry).count();
-    assert_eq!(n, 10);
+    let user = "glibc.malloc.perturb=0";
+    let sh = format!("'{}'", exe.display());
+    for (how, prog, args, images) in [
+        ("direct", exe.as_path(), &[][..], 1),
+        ("sh", Path::new("/bin/sh"), &["-c", sh.as_str()][..], 1),
+        ("spawn", exe.as_path(), &["spawn"][..], 2),
+        ("envp", exe.as_path(), &["envp"][..], 2),
+    ] {
+        let d = dir(&format!("bigtls-{how}"));
+        let o = ftramp().args(["record", "-o"]).arg(&d).arg("--").arg(prog).args(args).env("GLIBC_TUNABLES", user).output().unwrap();
+        assert!(o.status.success(), "{how}: {}", stderr(&o));
+        let line = format!("s 10 tunables {user}\n");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), line.repeat(images), "{how}");
+        let t = Trace::open(&d).unwrap();
+        // Each image of the program: the constructor's 3 calls and main's
+        // 10 (a fork child before its exec calls none).
+        let calls: Vec<usize> = t
+            .processes
+            .iter()
+            .filter_map(|p| {
+                let f = p.symbols.iter().find(|s| s.name == "mid_call")?.id;
+                Some(p.threads.iter().flat_map(|t| &t.events).filter(|e| e.func == f && e.kind == EventKind::Entry).count())
+            })
+            .filter(|&n| n != 0)
+            .collect();
+        assert_eq!(calls, vec![13; images], "{how}");
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@
 //!
 //! `unsafe` here: the pool's buffers and thread slots (`pool.rs`), the id
 //! table (`ids.rs`), signal/atfork/exit handlers (`session.rs`), the
-//! exported constructor and early start, the `exec*`/`_exit` interposers
+//! exported constructor and early start, the `exec*`/`posix_spawn*`/`_exit` interposers
 //! (this file and the variadic ones in `execl.rs`), the `dlsym` interposer
 //! (`dlsym.rs`), the trace files' descriptors (`tracefile.rs`), each with
 //! the reason it is sound.
@@ -24,6 +24,7 @@ pub mod ids;
 pub mod options;
 pub mod pool;
 pub mod session;
+pub mod startup;
 pub mod tracefile;
 pub mod tracer;
 
@@ -71,7 +72,7 @@ pub unsafe extern "C" fn ftramp_recorder_early_start(envp: *const *const c_char)
 /// threads needs: 2.34 and later (one libc with `pthread` inside, and
 /// `__libc_early_init` run before the audit checkpoint).  Older ones start
 /// in the constructor, as without the audit module.
-fn early_start_supported() -> bool {
+pub fn early_start_supported() -> bool {
     // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
     let v = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
     let mut parts = v.to_str().unwrap_or("").split('.').map(|p| p.parse::<u32>().unwrap_or(0));
@@ -86,7 +87,6 @@ static INIT: extern "C" fn() = constructor;
 
 type ExecveFn =
     unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
-type ExecvFn = unsafe extern "C" fn(*const c_char, *const *const c_char) -> c_int;
 type ExitFn = unsafe extern "C" fn(c_int) -> !;
 
 /// The next definition of `name` after this library (libc's).
@@ -114,22 +114,60 @@ const RECORD_ENV: [&str; 14] = [
     "FTRAMP_PRELOAD",
 ];
 
-/// Runs `run` with `envp`, or with `envp` plus the recording variables it
-/// lacks when this process is being recorded: a program that hands exec a
-/// cleaned environment is still followed into the new image.
+/// The file an exec or spawn of `file` runs: `file` itself, or when
+/// `search` and it has no slash, the first executable file of that name in
+/// `PATH` (as `execvp` and `posix_spawnp` look for it).
+///
+/// # Safety
+/// `file` is null or a NUL-terminated string.
+unsafe fn exec_target(file: *const c_char, search: bool) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    if file.is_null() {
+        return None;
+    }
+    // SAFETY: per the caller's contract.
+    let name = unsafe { std::ffi::CStr::from_ptr(file) }.to_bytes();
+    if name.is_empty() {
+        return None;
+    }
+    if !search || name.contains(&b'/') {
+        return Some(std::ffi::OsString::from_vec(name.to_vec()).into());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+    std::env::split_paths(&path).map(|d| d.join(std::ffi::OsStr::from_bytes(name))).find(|p| {
+        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else { return false };
+        // SAFETY: access(2) with a NUL-terminated path.
+        p.is_file() && unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0
+    })
+}
+
+/// Runs `run` with `envp`, or, when this process is being recorded, with
+/// `envp` completed for the new image: the recording variables it lacks
+/// (a program that hands exec a cleaned environment is still followed into
+/// the new image), `LD_PRELOAD` with `target`'s sanitizer runtime first,
+/// and `GLIBC_TUNABLES` with room for the initial-exec TLS of `target`'s
+/// libraries beside the audit module ([`startup`]).
 ///
 /// # Safety
 /// `envp` is null or a NULL-terminated array of NUL-terminated strings.
 unsafe fn with_record_env(
+    target: Option<std::path::PathBuf>,
     envp: *const *const c_char,
     run: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
+    use std::ffi::{CString, OsStr};
     use std::os::unix::ffi::OsStrExt;
-    if envp.is_null() || !session::recording() {
+    if envp.is_null() {
         return run(envp);
     }
-    let mut have: Vec<&[u8]> = Vec::new();
-    let mut ptrs: Vec<*const c_char> = Vec::new();
+    // Not recording: a `vfork` child (dash runs commands so), whose
+    // allocations would stay in its parent once the exec succeeds.  Only
+    // the TLS room is seen to there: what is worked out for it is freed
+    // before the exec, and a new environment is made (and left behind) only
+    // for an image that needs the room.
+    let recording = session::recording();
+    // The entries as (name, value, pointer).
+    let mut entries: Vec<(&[u8], &[u8], *const c_char)> = Vec::new();
     let mut i = 0;
     loop {
         // SAFETY: a NULL-terminated array (the caller's contract).
@@ -139,21 +177,77 @@ unsafe fn with_record_env(
         }
         // SAFETY: each entry is a NUL-terminated string.
         let s = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
-        have.push(s.split(|&b| b == b'=').next().unwrap_or(s));
-        ptrs.push(p);
+        let (name, value) = match s.iter().position(|&b| b == b'=') {
+            Some(at) => (&s[..at], &s[at + 1..]),
+            None => (s, &b""[..]),
+        };
+        entries.push((name, value, p));
         i += 1;
     }
-    let added: Vec<std::ffi::CString> = RECORD_ENV
+    let has = |k: &str| entries.iter().any(|(n, _, _)| *n == k.as_bytes());
+    let value_of = |k: &str| entries.iter().find(|(n, _, _)| *n == k.as_bytes()).map(|(_, v, _)| OsStr::from_bytes(v));
+    let var = |k: &str, v: &OsStr| CString::new([k.as_bytes(), b"=", v.as_bytes()].concat()).ok();
+    let mut added: Vec<CString> = RECORD_ENV
         .iter()
-        .filter(|k| !have.contains(&k.as_bytes()))
-        .filter_map(|k| {
-            let v = std::env::var_os(k)?;
-            std::ffi::CString::new([k.as_bytes(), b"=", v.as_bytes()].concat()).ok()
-        })
+        .filter(|k| recording && !has(k))
+        .filter_map(|k| var(k, &std::env::var_os(k)?))
         .collect();
-    if added.is_empty() {
+    let mut replaced: Vec<&str> = Vec::new();
+    // The new image's sanitizer runtime first, when it gets the recorder.
+    let mut preload = value_of("LD_PRELOAD").map(OsStr::to_os_string).or_else(|| std::env::var_os("LD_PRELOAD").filter(|_| recording));
+    if let (Some(target), Some(current)) = (&target, &preload) {
+        // (No panic may cross into the program.)
+        let want = std::panic::catch_unwind(|| startup::preload_for(target, current)).ok().flatten();
+        if let Some(want) = want.filter(|w| Some(w.as_os_str()) != value_of("LD_PRELOAD")) {
+            replaced.push("LD_PRELOAD");
+            added.retain(|c| !c.as_bytes().starts_with(b"LD_PRELOAD="));
+            added.extend(var("LD_PRELOAD", &want));
+            preload = Some(want);
+        }
+    }
+    // The initial-exec TLS room, when the new image gets the audit module.
+    let audit = value_of("LD_AUDIT").map(OsStr::to_os_string).or_else(|| std::env::var_os("LD_AUDIT").filter(|_| recording));
+    if let Some(target) = target.filter(|_| audit.is_some_and(|a| !a.is_empty())) {
+        // The user's own, also when `envp` is the one this image started
+        // with (main's third argument), which still has ours.
+        let saved = value_of(startup::ENV_USER_TUNABLES);
+        let current = value_of("GLIBC_TUNABLES");
+        let user = saved.map_or(current, startup::decode_user_tunables);
+        let preloads: Vec<std::path::PathBuf> = preload
+            .as_deref()
+            .unwrap_or_default()
+            .as_bytes()
+            .split(|&b| b == b':' || b == b' ')
+            .filter(|p| !p.is_empty())
+            .map(|p| std::path::PathBuf::from(OsStr::from_bytes(p)))
+            .filter(|p| p.file_name() != Some(OsStr::new(startup::PRELOAD_NAME)))
+            .collect();
+        // (No panic may cross into the program.)
+        let need = std::panic::catch_unwind(|| startup::need(&target, value_of("LD_LIBRARY_PATH"), &preloads))
+            .ok()
+            .flatten()
+            .map_or(0, |(_, n)| n);
+        drop(preloads);
+        let lossy = |v: Option<&OsStr>| v.map(|u| u.to_string_lossy().into_owned());
+        let want = startup::tunables(lossy(user).as_deref(), need);
+        if saved.is_some() || want != lossy(current) {
+            replaced.extend(["GLIBC_TUNABLES", startup::ENV_USER_TUNABLES]);
+            if let Some(w) = &want {
+                added.extend(var("GLIBC_TUNABLES", OsStr::new(w)));
+            }
+            if want != lossy(user) {
+                added.extend(var(startup::ENV_USER_TUNABLES, &startup::encode_user_tunables(user)));
+            }
+        }
+    }
+    if added.is_empty() && replaced.is_empty() {
         return run(envp);
     }
+    let mut ptrs: Vec<*const c_char> = entries
+        .iter()
+        .filter(|(n, _, _)| !replaced.iter().any(|r| r.as_bytes() == *n))
+        .map(|(_, _, p)| *p)
+        .collect();
     ptrs.extend(added.iter().map(|c| c.as_ptr()));
     ptrs.push(std::ptr::null());
     run(ptrs.as_ptr())
@@ -178,6 +272,11 @@ fn no_next() -> c_int {
     -1
 }
 
+extern "C" {
+    /// The process's environment (libc's).
+    static environ: *const *const c_char;
+}
+
 /// # Safety
 /// As libc's `execve`.
 #[no_mangle]
@@ -191,36 +290,34 @@ pub unsafe extern "C" fn execve(
         return no_next();
     }
     // SAFETY: libc's execve has this signature; arguments passed through
-    // (the environment completed with the recording variables).
+    // (the environment completed for the new image); `path` is the
+    // caller's NUL-terminated string.
     around_exec(|| unsafe {
-        with_record_env(envp, |envp| {
+        with_record_env(exec_target(path, false), envp, |envp| {
             std::mem::transmute::<*mut libc::c_void, ExecveFn>(f)(path, argv, envp)
         })
     })
 }
 
+/// As libc's, `execve` with the process's environment (so that the new
+/// image gets its own `GLIBC_TUNABLES`, see [`with_record_env`]).
+///
 /// # Safety
 /// As libc's `execv`.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    let f = next(c"execv");
-    if f.is_null() {
-        return no_next();
-    }
-    // SAFETY: libc's execv has this signature; arguments passed through.
-    around_exec(|| unsafe { std::mem::transmute::<*mut libc::c_void, ExecvFn>(f)(path, argv) })
+    // SAFETY: as execve, with libc's `environ`, read once.
+    unsafe { execve(path, argv, environ) }
 }
 
+/// As libc's, `execvpe` with the process's environment.
+///
 /// # Safety
 /// As libc's `execvp`.
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    let f = next(c"execvp");
-    if f.is_null() {
-        return no_next();
-    }
-    // SAFETY: libc's execvp has this signature; arguments passed through.
-    around_exec(|| unsafe { std::mem::transmute::<*mut libc::c_void, ExecvFn>(f)(file, argv) })
+    // SAFETY: as execvpe, with libc's `environ`, read once.
+    unsafe { execvpe(file, argv, environ) }
 }
 
 /// # Safety
@@ -236,12 +333,80 @@ pub unsafe extern "C" fn execvpe(
         return no_next();
     }
     // SAFETY: libc's execvpe has this signature; arguments passed through
-    // (the environment completed with the recording variables).
+    // (the environment completed for the new image); `file` is the
+    // caller's NUL-terminated string.
     around_exec(|| unsafe {
-        with_record_env(envp, |envp| {
+        with_record_env(exec_target(file, true), envp, |envp| {
             std::mem::transmute::<*mut libc::c_void, ExecveFn>(f)(file, argv, envp)
         })
     })
+}
+
+type SpawnFn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    *const *const c_char,
+    *const *const c_char,
+) -> c_int;
+
+/// `posix_spawn` or `posix_spawnp` (`search`) of `file` through libc's
+/// (`call` passes it the other arguments), with the environment completed
+/// for the new image as the exec interposers do (a spawn does not go
+/// through them).
+///
+/// # Safety
+/// As libc's `posix_spawn`; `envp` is the caller's.
+unsafe fn spawn(
+    name: &std::ffi::CStr,
+    search: bool,
+    file: *const c_char,
+    envp: *const *const c_char,
+    call: impl FnOnce(SpawnFn, *const *const c_char) -> c_int,
+) -> c_int {
+    let f = next(name);
+    if f.is_null() {
+        return libc::ENOSYS;
+    }
+    // SAFETY: libc's posix_spawn and posix_spawnp have this signature;
+    // `file` is the caller's NUL-terminated string, `envp` its environment.
+    unsafe {
+        let f = std::mem::transmute::<*mut libc::c_void, SpawnFn>(f);
+        with_record_env(exec_target(file, search), envp, |envp| call(f, envp))
+    }
+}
+
+/// # Safety
+/// As libc's `posix_spawn`.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: as posix_spawn, the arguments passed through (the
+    // environment completed).
+    unsafe { spawn(c"posix_spawn", false, path, envp, |f, envp| f(pid, path, actions, attr, argv, envp)) }
+}
+
+/// # Safety
+/// As libc's `posix_spawnp`.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: as posix_spawnp, the arguments passed through (the
+    // environment completed).
+    unsafe { spawn(c"posix_spawnp", true, file, envp, |f, envp| f(pid, file, actions, attr, argv, envp)) }
 }
 
 /// Finishes the trace, then ends the process through libc's `name`

@@ -71,9 +71,11 @@ static BEGUN: AtomicBool = AtomicBool::new(false);
 /// (before any constructor), else from the library's constructor.  Called
 /// again — by the constructor after an early start — it only pins the
 /// trace directory in the environment again: libc's constructor has put
-/// back the environment the process started with in between.  Errors
-/// leave the program running untraced.
+/// back the environment the process started with in between.  Each call
+/// first gives the program back its own `GLIBC_TUNABLES`
+/// ([`crate::startup`]).  Errors leave the program running untraced.
 pub fn start() {
+    crate::startup::restore_user_tunables();
     if BEGUN.swap(true, Relaxed) {
         if let Some(opts) = OPTIONS.get() {
             pin_dir_in_env(opts);
