@@ -141,12 +141,33 @@ unsafe fn exec_target(file: *const c_char, search: bool) -> Option<std::path::Pa
     })
 }
 
-/// Runs `run` with `envp`, or, when this process is being recorded, with
-/// `envp` completed for the new image: the recording variables it lacks
-/// (a program that hands exec a cleaned environment is still followed into
-/// the new image), `LD_PRELOAD` with `target`'s sanitizer runtime first,
-/// and `GLIBC_TUNABLES` with room for the initial-exec TLS of `target`'s
-/// libraries beside the audit module ([`startup`]).
+/// Variables [`exec_env_changes`] may replace: bit `i` of its mask is
+/// `REPLACED[i]`.
+const REPLACED: [&str; 3] = ["LD_PRELOAD", "GLIBC_TUNABLES", startup::ENV_USER_TUNABLES];
+
+thread_local! {
+    /// The environment last made for an exec or spawn on this thread (its
+    /// strings, then the pointer array), kept for the next one rather than
+    /// freed: in a `vfork` child (dash and CPython start commands so) it is
+    /// the parent's memory, and what the child allocated and did not free
+    /// before its exec would stay there for good.
+    static EXEC_ENV: std::cell::RefCell<(Vec<u8>, Vec<*const c_char>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// The process whose exec is using [`EXEC_ENV`] (0: none).  A pid, not
+    /// a flag (nor a `RefCell` borrow held across the exec): a `vfork`
+    /// child whose exec succeeded leaves it set in its parent's memory, and
+    /// it must then read as free.
+    static EXEC_ENV_USER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `run` with `envp`, or, when recording started in this image or the
+/// one it was (v)forked from, with `envp` completed for the new image: the
+/// recording variables it lacks (a program that hands exec a cleaned
+/// environment is still followed into the new image), `LD_PRELOAD` with
+/// `target`'s sanitizer runtime first, and `GLIBC_TUNABLES` with room for
+/// the initial-exec TLS of `target`'s libraries beside the audit module
+/// ([`startup`]).  Everything worked out is freed before the exec, and the
+/// new environment is made in [`EXEC_ENV`].
 ///
 /// # Safety
 /// `envp` is null or a NULL-terminated array of NUL-terminated strings.
@@ -155,19 +176,72 @@ unsafe fn with_record_env(
     envp: *const *const c_char,
     run: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
-    use std::ffi::{CString, OsStr};
-    use std::os::unix::ffi::OsStrExt;
-    if envp.is_null() {
+    if envp.is_null() || !session::started_here_or_before_fork() {
         return run(envp);
     }
-    // Not recording: a `vfork` child (dash runs commands so), whose
-    // allocations would stay in its parent once the exec succeeds.  Only
-    // the TLS room is seen to there: what is worked out for it is freed
-    // before the exec, and a new environment is made (and left behind) only
-    // for an image that needs the room.
-    let recording = session::recording();
-    // The entries as (name, value, pointer).
-    let mut entries: Vec<(&[u8], &[u8], *const c_char)> = Vec::new();
+    let pid = std::process::id();
+    if EXEC_ENV_USER.get() == pid {
+        // An exec from a signal handler in the middle of one.
+        return run(envp);
+    }
+    // (No panic may cross into the program.)
+    // SAFETY: `envp` per the caller's contract.
+    let changes = std::panic::catch_unwind(|| unsafe { exec_env_changes(target, envp) });
+    let Ok(Some((replaced, added))) = changes else {
+        return run(envp);
+    };
+    EXEC_ENV_USER.set(pid);
+    // The new environment, built in EXEC_ENV; no borrow is held across the
+    // exec, and everything else is freed before it.
+    let new_envp = EXEC_ENV.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let (strings, ptrs) = &mut *scratch;
+        strings.clear();
+        strings.extend_from_slice(&added);
+        drop(added);
+        ptrs.clear();
+        let mut i = 0;
+        loop {
+            // SAFETY: a NULL-terminated array of NUL-terminated strings (the
+            // caller's contract).
+            let p = unsafe { *envp.add(i) };
+            if p.is_null() {
+                break;
+            }
+            // SAFETY: as above.
+            let s = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+            let name = s.split(|&b| b == b'=').next().unwrap_or(s);
+            if !REPLACED.iter().enumerate().any(|(bit, r)| replaced & (1 << bit) != 0 && r.as_bytes() == name) {
+                ptrs.push(p);
+            }
+            i += 1;
+        }
+        let mut at = 0;
+        while at < strings.len() {
+            ptrs.push(strings[at..].as_ptr() as *const c_char);
+            at += strings[at..].iter().position(|&b| b == 0).map_or(strings.len(), |n| n + 1);
+        }
+        ptrs.push(std::ptr::null());
+        ptrs.as_ptr()
+    });
+    // EXEC_ENV is left alone until EXEC_ENV_USER is cleared (only this
+    // exec could change it: other threads have their own).
+    let r = run(new_envp);
+    EXEC_ENV_USER.set(0);
+    r
+}
+
+/// What [`with_record_env`] changes in `envp` for `target`: the mask of
+/// [`REPLACED`] variables to leave out, and the NUL-terminated `name=value`
+/// strings to add; `None` when nothing changes.
+///
+/// # Safety
+/// `envp` is a NULL-terminated array of NUL-terminated strings.
+unsafe fn exec_env_changes(target: Option<std::path::PathBuf>, envp: *const *const c_char) -> Option<(u8, Vec<u8>)> {
+    use std::ffi::{OsStr, OsString};
+    use std::os::unix::ffi::OsStrExt;
+    // The entries as (name, value).
+    let mut entries: Vec<(&[u8], &[u8])> = Vec::new();
     let mut i = 0;
     loop {
         // SAFETY: a NULL-terminated array (the caller's contract).
@@ -177,39 +251,34 @@ unsafe fn with_record_env(
         }
         // SAFETY: each entry is a NUL-terminated string.
         let s = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
-        let (name, value) = match s.iter().position(|&b| b == b'=') {
+        entries.push(match s.iter().position(|&b| b == b'=') {
             Some(at) => (&s[..at], &s[at + 1..]),
             None => (s, &b""[..]),
-        };
-        entries.push((name, value, p));
+        });
         i += 1;
     }
-    let has = |k: &str| entries.iter().any(|(n, _, _)| *n == k.as_bytes());
-    let value_of = |k: &str| entries.iter().find(|(n, _, _)| *n == k.as_bytes()).map(|(_, v, _)| OsStr::from_bytes(v));
-    let var = |k: &str, v: &OsStr| CString::new([k.as_bytes(), b"=", v.as_bytes()].concat()).ok();
-    let mut added: Vec<CString> = RECORD_ENV
-        .iter()
-        .filter(|k| recording && !has(k))
-        .filter_map(|k| var(k, &std::env::var_os(k)?))
-        .collect();
-    let mut replaced: Vec<&str> = Vec::new();
+    let value_of = |k: &str| entries.iter().find(|(n, _)| *n == k.as_bytes()).map(|(_, v)| OsStr::from_bytes(v));
+    // The value the new image gets: the entry's, else ours (added below).
+    let inherited = |k: &str| value_of(k).map(OsStr::to_os_string).or_else(|| std::env::var_os(k));
+    let mut added: Vec<(&str, OsString)> = RECORD_ENV.iter().filter(|k| value_of(k).is_none()).filter_map(|k| Some((*k, std::env::var_os(k)?))).collect();
+    let mut replaced = 0u8;
+    let mut replace = |bit: usize, value: Option<OsString>, added: &mut Vec<(&str, OsString)>| {
+        replaced |= 1 << bit;
+        added.retain(|(k, _)| *k != REPLACED[bit]);
+        added.extend(value.map(|v| (REPLACED[bit], v)));
+    };
     // The new image's sanitizer runtime first, when it gets the recorder.
-    let mut preload = value_of("LD_PRELOAD").map(OsStr::to_os_string).or_else(|| std::env::var_os("LD_PRELOAD").filter(|_| recording));
+    let mut preload = inherited("LD_PRELOAD");
     if let (Some(target), Some(current)) = (&target, &preload) {
-        // (No panic may cross into the program.)
-        let want = std::panic::catch_unwind(|| startup::preload_for(target, current)).ok().flatten();
-        if let Some(want) = want.filter(|w| Some(w.as_os_str()) != value_of("LD_PRELOAD")) {
-            replaced.push("LD_PRELOAD");
-            added.retain(|c| !c.as_bytes().starts_with(b"LD_PRELOAD="));
-            added.extend(var("LD_PRELOAD", &want));
+        if let Some(want) = startup::preload_for(target, current).filter(|w| Some(w.as_os_str()) != value_of("LD_PRELOAD")) {
+            replace(0, Some(want.clone()), &mut added);
             preload = Some(want);
         }
     }
     // The initial-exec TLS room, when the new image gets the audit module.
-    let audit = value_of("LD_AUDIT").map(OsStr::to_os_string).or_else(|| std::env::var_os("LD_AUDIT").filter(|_| recording));
-    if let Some(target) = target.filter(|_| audit.is_some_and(|a| !a.is_empty())) {
-        // The user's own, also when `envp` is the one this image started
-        // with (main's third argument), which still has ours.
+    if let Some(target) = target.filter(|_| inherited("LD_AUDIT").is_some_and(|a| !a.is_empty())) {
+        // The user's own tunables, also when `envp` is the one this image
+        // started with (main's third argument), which still has ours.
         let saved = value_of(startup::ENV_USER_TUNABLES);
         let current = value_of("GLIBC_TUNABLES");
         let user = saved.map_or(current, startup::decode_user_tunables);
@@ -222,35 +291,29 @@ unsafe fn with_record_env(
             .map(|p| std::path::PathBuf::from(OsStr::from_bytes(p)))
             .filter(|p| p.file_name() != Some(OsStr::new(startup::PRELOAD_NAME)))
             .collect();
-        // (No panic may cross into the program.)
-        let need = std::panic::catch_unwind(|| startup::need(&target, value_of("LD_LIBRARY_PATH"), &preloads))
-            .ok()
-            .flatten()
-            .map_or(0, |(_, n)| n);
-        drop(preloads);
+        let need = startup::need(&target, value_of("LD_LIBRARY_PATH"), &preloads).map_or(0, |(_, n)| n);
         let lossy = |v: Option<&OsStr>| v.map(|u| u.to_string_lossy().into_owned());
         let want = startup::tunables(lossy(user).as_deref(), need);
         if saved.is_some() || want != lossy(current) {
-            replaced.extend(["GLIBC_TUNABLES", startup::ENV_USER_TUNABLES]);
-            if let Some(w) = &want {
-                added.extend(var("GLIBC_TUNABLES", OsStr::new(w)));
-            }
-            if want != lossy(user) {
-                added.extend(var(startup::ENV_USER_TUNABLES, &startup::encode_user_tunables(user)));
-            }
+            replace(1, want.clone().map(OsString::from), &mut added);
+            let saved = (want != lossy(user)).then(|| startup::encode_user_tunables(user));
+            replace(2, saved, &mut added);
         }
     }
-    if added.is_empty() && replaced.is_empty() {
-        return run(envp);
+    if added.is_empty() && replaced == 0 {
+        return None;
     }
-    let mut ptrs: Vec<*const c_char> = entries
-        .iter()
-        .filter(|(n, _, _)| !replaced.iter().any(|r| r.as_bytes() == *n))
-        .map(|(_, _, p)| *p)
-        .collect();
-    ptrs.extend(added.iter().map(|c| c.as_ptr()));
-    ptrs.push(std::ptr::null());
-    run(ptrs.as_ptr())
+    let mut strings = Vec::new();
+    for (k, v) in &added {
+        // (A value with a NUL in it cannot be passed.)
+        if !v.as_bytes().contains(&0) {
+            strings.extend_from_slice(k.as_bytes());
+            strings.push(b'=');
+            strings.extend_from_slice(v.as_bytes());
+            strings.push(0);
+        }
+    }
+    Some((replaced, strings))
 }
 
 /// Flushes before an exec, runs it, and resumes recording if it failed.
