@@ -856,8 +856,9 @@ fn exec_with_an_empty_environment_is_followed() {
 /// environment of the program's own is recorded (the interposer completes
 /// it there too), and the environment it makes there is kept for the
 /// thread's next exec instead of left behind in the parent each time
-/// (about 200 bytes per exec before, 70 KB here; what is left is the
-/// allocator's caches and the recorder's own threads, under 10 KB).
+/// (about 200 bytes per exec, 70 KB here, when they were ordinary
+/// allocations; what is left is the allocator's caches and the recorder's
+/// own threads, about 10 KB).
 #[test]
 fn vfork_children_with_their_own_environment_are_followed() {
     if unavailable_under_qemu("vfork_children_with_their_own_environment_are_followed", EXEC_UNDER_QEMU) {
