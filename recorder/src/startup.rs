@@ -78,12 +78,13 @@ fn dynamic(path: &Path) -> Option<Dynamic> {
     let static_tls = entries.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS && d.d_val(endian) & elf::DF_STATIC_TLS.0 != 0);
     Some(Dynamic {
         machine,
-        needed: entries.iter().filter(|d| d.d_tag(endian) == elf::DT_NEEDED).filter_map(string).collect(),
+        // (A name with a slash is a path, where `$ORIGIN` counts too.)
+        needed: entries.iter().filter(|d| d.d_tag(endian) == elf::DT_NEEDED).filter_map(string).map(|n| if n.contains('/') { expand_origin(&n, &origin) } else { n }).collect(),
         runpath: entries
             .iter()
             .filter(|d| matches!(d.d_tag(endian), elf::DT_RUNPATH | elf::DT_RPATH))
             .filter_map(string)
-            .flat_map(|p| p.split(':').map(|d| PathBuf::from(d.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", &origin))).collect::<Vec<_>>())
+            .flat_map(|p| p.split(':').map(|d| PathBuf::from(expand_origin(d, &origin))).collect::<Vec<_>>())
             .collect(),
         static_tls: if static_tls {
             header.program_headers(endian, &data).ok()?.iter().find(|p| p.p_type(endian) == elf::PT_TLS).map(|p| p.p_memsz(endian))
@@ -130,6 +131,12 @@ pub fn preload_for(prog: &Path, current: &OsStr) -> Option<std::ffi::OsString> {
         out.push(OsStr::from_bytes(e));
     }
     Some(out)
+}
+
+/// `s` with `$ORIGIN` (or `${ORIGIN}`) replaced by `origin`, the
+/// directory of the object that names it.
+fn expand_origin(s: &str, origin: &str) -> String {
+    s.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", origin)
 }
 
 /// The loader's cache (`/etc/ld.so.cache`, glibc's format
@@ -293,7 +300,8 @@ mod tests {
 
     /// A library found only through the loader's cache (a directory listed
     /// in ld.so.conf, as `/usr/local/lib` is on Debian): a cache built by
-    /// `ldconfig` for a directory of our own.
+    /// `ldconfig` for a directory of our own.  Also `LD_LIBRARY_PATH`, a
+    /// preload, and a `DT_NEEDED` path with `$ORIGIN`.
     #[test]
     fn a_library_found_only_through_the_loaders_cache_is_counted() {
         let tmp = tempfile::tempdir().unwrap();
@@ -323,5 +331,12 @@ mod tests {
         // LD_LIBRARY_PATH finds it too; a preload's TLS counts.
         assert_eq!(need_with_cache(&exe, Some(libdir.as_os_str()), &[], &dir.join("none")), want);
         assert_eq!(need_with_cache(&exe, None, std::slice::from_ref(&lib), &dir.join("none")), want);
+        // A library named by a path with `$ORIGIN` (its soname so).
+        let origin_lib = libdir.join("libftramporigin.so");
+        cc(&["-shared", "-fPIC", "-Wl,-soname,$ORIGIN/lib/libftramporigin.so", "-o", origin_lib.to_str().unwrap(), dir.join("big.c").to_str().unwrap()]);
+        let exe2 = dir.join("m2");
+        cc(&["-o", exe2.to_str().unwrap(), dir.join("m.c").to_str().unwrap(), origin_lib.to_str().unwrap()]);
+        assert_eq!(needed(&exe2).first().map(String::as_str), Some(libdir.join("libftramporigin.so").to_str().unwrap()));
+        assert_eq!(need_with_cache(&exe2, None, &[], &dir.join("none")), Some(("libftramporigin.so".to_string(), 3000)));
     }
 }
