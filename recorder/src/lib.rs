@@ -176,12 +176,15 @@ unsafe fn with_record_env(
     envp: *const *const c_char,
     run: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
+    // (`target` is dropped before each exec: see EXEC_ENV.)
     if envp.is_null() || !session::started_here_or_before_fork() {
+        drop(target);
         return run(envp);
     }
     let pid = std::process::id();
     if EXEC_ENV_USER.get() == pid {
         // An exec from a signal handler in the middle of one.
+        drop(target);
         return run(envp);
     }
     // (No panic may cross into the program.)
