@@ -11,7 +11,7 @@
 //!
 //! `unsafe` here: the pool's buffers and thread slots (`pool.rs`), the id
 //! table (`ids.rs`), signal/atfork/exit handlers (`session.rs`), the
-//! exported constructor and early start, the `exec*`/`posix_spawn*`/`_exit` interposers
+//! exported constructor and early start, the `exec*`/`fexecve`/`posix_spawn*`/`_exit` interposers
 //! (this file and the variadic ones in `execl.rs`), the `dlsym` interposer
 //! (`dlsym.rs`), the trace files' descriptors (`tracefile.rs`), each with
 //! the reason it is sound.
@@ -404,6 +404,62 @@ pub unsafe extern "C" fn execvpe(
     around_exec(|| unsafe {
         with_record_env(exec_target(file, true), envp, |envp| {
             std::mem::transmute::<*mut libc::c_void, ExecveFn>(f)(file, argv, envp)
+        })
+    })
+}
+
+type FexecveFn = unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int;
+type ExecveatFn =
+    unsafe extern "C" fn(c_int, *const c_char, *const *const c_char, *const *const c_char, c_int) -> c_int;
+
+/// # Safety
+/// As libc's `fexecve`.
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    let f = next(c"fexecve");
+    if f.is_null() {
+        return no_next();
+    }
+    let target = std::path::PathBuf::from(format!("/proc/self/fd/{fd}"));
+    // SAFETY: libc's fexecve has this signature; arguments passed through
+    // (the environment completed for the new image).
+    around_exec(|| unsafe {
+        with_record_env(Some(target), envp, |envp| std::mem::transmute::<*mut libc::c_void, FexecveFn>(f)(fd, argv, envp))
+    })
+}
+
+/// # Safety
+/// As libc's `execveat` (glibc 2.34 and later).
+#[no_mangle]
+pub unsafe extern "C" fn execveat(
+    dirfd: c_int,
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    flags: c_int,
+) -> c_int {
+    use std::os::unix::ffi::OsStrExt;
+    let f = next(c"execveat");
+    if f.is_null() {
+        return no_next();
+    }
+    // The file it runs: `path`, or `path` under the directory `dirfd`, or
+    // `dirfd` itself with AT_EMPTY_PATH and an empty `path`.
+    let target = (!path.is_null()).then(|| {
+        // SAFETY: the caller's NUL-terminated string.
+        let p = std::path::Path::new(std::ffi::OsStr::from_bytes(unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes()));
+        let dir = std::path::PathBuf::from(format!("/proc/self/fd/{dirfd}"));
+        match () {
+            _ if p.as_os_str().is_empty() && flags & libc::AT_EMPTY_PATH != 0 => dir,
+            _ if p.is_absolute() || dirfd == libc::AT_FDCWD => p.to_path_buf(),
+            _ => dir.join(p),
+        }
+    });
+    // SAFETY: libc's execveat has this signature; arguments passed through
+    // (the environment completed for the new image).
+    around_exec(|| unsafe {
+        with_record_env(target, envp, |envp| {
+            std::mem::transmute::<*mut libc::c_void, ExecveatFn>(f)(dirfd, path, argv, envp, flags)
         })
     })
 }

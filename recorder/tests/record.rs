@@ -875,6 +875,26 @@ fn vfork_children_with_their_own_environment_are_followed() {
     assert_eq!(children.len(), n, "each vfork child's image is recorded");
 }
 
+/// `fexecve` and `execveat` (a descriptor of the program, a directory's
+/// descriptor and a name) are intercepted too: the image's events are
+/// written before it is replaced (they were lost with `fexecve`), and a
+/// cleaned environment is completed for the new image.
+#[test]
+fn descriptor_execs_are_followed() {
+    if unavailable_under_qemu("descriptor_execs_are_followed", EXEC_UNDER_QEMU) {
+        return;
+    }
+    for mode in ["fexecve", "execveat"] {
+        let (dir, out) = record_tracee(mode, "function_graph", &[mode], &[]);
+        assert!(out.status.success(), "{mode}: {}", String::from_utf8_lossy(&out.stderr));
+        let t = open(&dir);
+        assert_eq!(t.processes.len(), 2, "{mode}");
+        assert_eq!(t.processes[0].exit.as_deref(), Some("exec"), "{mode}");
+        assert_eq!(count(&per_function(&t.processes[0]), "rec_before"), (1, 1), "{mode}: the first image's events");
+        assert_eq!(count(&per_function(&t.processes[1]), "rec_child"), (5, 5), "{mode}");
+    }
+}
+
 #[test]
 fn variadic_execs_are_followed() {
     if unavailable_under_qemu("variadic_execs_are_followed", EXEC_UNDER_QEMU) {

@@ -529,6 +529,26 @@ int main(int argc, char **argv)
         perror(mode);
         return 1;
     }
+    if (!strcmp(mode, "fexecve") || !strcmp(mode, "execveat")) {
+        /* The exec calls that take a descriptor, with an empty environment. */
+        rec_before();
+        counts();
+        char *args[] = {argv[0], "exec-child", NULL};
+        char *env[] = {NULL};
+        if (!strcmp(mode, "fexecve")) {
+            int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                return 3;
+            fexecve(fd, args, env);
+        } else {
+            int dir = open("/proc/self", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (dir < 0)
+                return 3;
+            execveat(dir, "exe", args, env, 0);
+        }
+        perror(mode);
+        return 1;
+    }
     if (!strcmp(mode, "exec-noenv")) {
         /* An exec with an empty environment: still recorded. */
         rec_before();
