@@ -199,7 +199,7 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
             Ok(f) => break (f.into_raw_fd(), path),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100_000 => {
                 // The image before an exec the recorder did not see
-                // (execl*, fexecve): mark how it ended.
+                // (a raw execve system call): mark how it ended.
                 if let Ok(text) = std::fs::read_to_string(&path) {
                     if !text.lines().any(|l| l.starts_with("exit =")) {
                         if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&path) {
