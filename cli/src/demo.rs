@@ -52,7 +52,7 @@ pub fn demo_cflags(compiler: &str) -> Result<Vec<String>> {
 }
 
 /// Whether `compiler --version` says clang.
-fn is_clang(compiler: &str) -> bool {
+pub(crate) fn is_clang(compiler: &str) -> bool {
     Command::new(compiler)
         .arg("--version")
         .output()

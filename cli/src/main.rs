@@ -118,6 +118,13 @@ enum Cmd {
         /// Flags for `callsite` dispatch (room for an ops word before each function).
         #[arg(long)]
         callsite: bool,
+        /// The compiler the flags are for (default gcc): for clang (a
+        /// compiler whose `--version` says so, or whose name contains
+        /// "clang"), `-fno-ipa-ra` is left out — clang has no such flag, and
+        /// needs none (LLVM allocates registers across functions only when
+        /// asked).
+        #[arg(long, value_name = "COMPILER", default_value = "gcc")]
+        cc: String,
     },
     /// Show generated trampolines: the generator's steps and the bytes
     /// disassembled by capstone, with data-word relocations inline.
@@ -267,10 +274,14 @@ fn run() -> Result<()> {
             }
             out!("(entry variants: site + trampoline + each empty callback's return; `return`: trampoline + the handler's return)");
         }
-        Cmd::Cflags { arch: a, callsite } => {
+        Cmd::Cflags { arch: a, callsite, cc } => {
             let spec = a.load()?;
             let site = if callsite { &spec.raw.site.callsite_flags } else { &spec.raw.site.flags };
-            out!("{site} -fno-ipa-ra");
+            if cc.contains("clang") || demo::is_clang(&cc) {
+                out!("{site}");
+            } else {
+                out!("{site} -fno-ipa-ra");
+            }
         }
         Cmd::Record(a) => std::process::exit(record::run(a)?),
         Cmd::Replay(a) => analyze::replay(a)?,

@@ -523,7 +523,8 @@ pub fn no_sites_advice(exe: &str, site_flags: &str) -> String {
         .unwrap_or("5");
     format!(
         "{exe} has no patchable function entries, so nothing in it is traced. Build C/C++ with \
-         `{site_flags} -fno-ipa-ra` (`ftramp cflags`); Rust (nightly) with \
+         `{site_flags} -fno-ipa-ra` (`ftramp cflags`; clang: without -fno-ipa-ra, \
+         `ftramp cflags --cc clang`); Rust (nightly) with \
          RUSTFLAGS=\"-Z patchable-function-entry={n}\""
     )
 }
@@ -740,6 +741,7 @@ mod tests {
             "{a}"
         );
         assert!(a.contains("patchable-function-entry=2\""), "{a}");
+        assert!(a.contains("`ftramp cflags --cc clang`"), "{a}");
     }
 
     #[test]
