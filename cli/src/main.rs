@@ -160,7 +160,7 @@ enum Cmd {
     /// `deps/`; `FTRAMP_PRELOAD` and `FTRAMP_AUDIT` name others
     /// (`FTRAMP_AUDIT=` for no audit module). A program whose libraries
     /// have more initial-exec TLS than glibc keeps spare beside an audit
-    /// module (sanitizer runtimes, jemalloc) also gets a larger
+    /// module (TSan's and LSan's runtimes) also gets a larger
     /// `glibc.rtld.optional_static_tls` in `GLIBC_TUNABLES` while it starts,
     /// and so does each program it starts.
     Record(record::RecordArgs),

@@ -7,7 +7,7 @@
 //! their initial-exec TLS (`DF_STATIC_TLS`) has to fit in the surplus it
 //! keeps spare — about 1.8 KB, of which libc and the recorder take most.
 //! A program whose libraries need more (ThreadSanitizer's runtime has
-//! 768 KB, jemalloc and tcmalloc a few KB) would not even start ("cannot
+//! 768 KB, LSan's 56 KB) would not even start ("cannot
 //! allocate memory in static TLS block").  The surplus is glibc's tunable
 //! `glibc.rtld.optional_static_tls`: [`tunables`] raises it by what the
 //! program's start-up libraries need, so such a program runs with the
