@@ -30,6 +30,16 @@ fn main() {
     // dispatch, where a grace period may free the trampoline it returns to
     // (README, "Limits"): say so, and let a test keep this workspace's build
     // optimised.
+    // Feature `tls-cache` where its initial-exec slot is written
+    // (`thread.rs`): one name for the condition.
+    println!("cargo::rustc-check-cfg=cfg(ftramp_tls_cache)");
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    if std::env::var_os("CARGO_FEATURE_TLS_CACHE").is_some()
+        && matches!(arch.as_str(), "x86_64" | "aarch64")
+        && std::env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux")
+    {
+        println!("cargo:rustc-cfg=ftramp_tls_cache");
+    }
     println!("cargo::rustc-check-cfg=cfg(ftramp_unoptimised)");
     if std::env::var("OPT_LEVEL").is_ok_and(|l| l == "0") {
         println!("cargo:rustc-cfg=ftramp_unoptimised");

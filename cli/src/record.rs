@@ -243,10 +243,9 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // go back into the environment when the recorder starts.
     let user_tunables = std::env::var_os("GLIBC_TUNABLES");
     let tunables = audit.as_ref().and_then(|_| {
-        let preloads: Vec<PathBuf> = std::env::var("LD_PRELOAD").unwrap_or_default().split([':', ' ']).filter(|p| !p.is_empty()).map(PathBuf::from).collect();
-        let need = startup::need(&prog, std::env::var_os("LD_LIBRARY_PATH").as_deref(), &preloads).map_or(0, |(_, n)| n);
-        let user = user_tunables.as_ref().map(|u| u.to_string_lossy().into_owned());
-        startup::tunables(user.as_deref(), need).filter(|t| Some(t) != user.as_ref())
+        let (ld_library_path, preload) = (std::env::var_os("LD_LIBRARY_PATH"), std::env::var_os("LD_PRELOAD"));
+        startup::tunables_for(&prog, ld_library_path.as_deref(), preload.as_deref(), user_tunables.as_deref())
+            .filter(|t| Some(std::ffi::OsStr::new(t)) != user_tunables.as_deref())
     });
     prepare_dir(&a.output)?;
     let dir = std::fs::canonicalize(&a.output)

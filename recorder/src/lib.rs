@@ -121,20 +121,17 @@ const RECORD_ENV: [&str; 14] = [
 /// # Safety
 /// `file` is null or a NUL-terminated string.
 unsafe fn exec_target(file: *const c_char, search: bool) -> Option<std::path::PathBuf> {
-    use std::os::unix::ffi::{OsStrExt, OsStringExt};
-    if file.is_null() {
-        return None;
-    }
+    use std::os::unix::ffi::OsStrExt;
     // SAFETY: per the caller's contract.
-    let name = unsafe { std::ffi::CStr::from_ptr(file) }.to_bytes();
-    if name.is_empty() {
+    let name = unsafe { c_path(file.as_ref()?) };
+    if name.as_os_str().is_empty() {
         return None;
     }
-    if !search || name.contains(&b'/') {
-        return Some(std::ffi::OsString::from_vec(name.to_vec()).into());
+    if !search || name.as_os_str().as_bytes().contains(&b'/') {
+        return Some(name.to_path_buf());
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
-    std::env::split_paths(&path).map(|d| d.join(std::ffi::OsStr::from_bytes(name))).find(|p| {
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| {
         let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else { return false };
         // SAFETY: access(2) with a NUL-terminated path.
         p.is_file() && unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0
@@ -164,32 +161,30 @@ thread_local! {
 /// one it was (v)forked from, with `envp` completed for the new image: the
 /// recording variables it lacks (a program that hands exec a cleaned
 /// environment is still followed into the new image), `LD_PRELOAD` with
-/// `target`'s sanitizer runtime first, and `GLIBC_TUNABLES` with room for
-/// the initial-exec TLS of `target`'s libraries beside the audit module
-/// ([`startup`]).  Everything worked out is freed before the exec, and the
-/// new environment is made in [`EXEC_ENV`].
+/// the sanitizer runtime of the file it runs (`target`, asked for only
+/// then) first, and `GLIBC_TUNABLES` with room for the initial-exec TLS of
+/// its libraries beside the audit module ([`startup`]).  Everything worked
+/// out is freed before the exec, and the new environment is made in
+/// [`EXEC_ENV`].
 ///
 /// # Safety
 /// `envp` is null or a NULL-terminated array of NUL-terminated strings.
 unsafe fn with_record_env(
-    target: Option<std::path::PathBuf>,
+    target: impl FnOnce() -> Option<std::path::PathBuf>,
     envp: *const *const c_char,
     run: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
-    // (`target` is dropped before each exec: see EXEC_ENV.)
     if envp.is_null() || !session::started_here_or_before_fork() {
-        drop(target);
         return run(envp);
     }
     let pid = std::process::id();
     if EXEC_ENV_USER.get() == pid {
         // An exec from a signal handler in the middle of one.
-        drop(target);
         return run(envp);
     }
-    // (No panic may cross into the program.)
-    // SAFETY: `envp` per the caller's contract.
-    let changes = std::panic::catch_unwind(|| unsafe { exec_env_changes(target, envp) });
+    // SAFETY: `envp` per the caller's contract.  (No panic may cross into
+    // the program.)
+    let changes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { exec_env_changes(target, envp) }));
     let Ok(Some((replaced, added))) = changes else {
         return run(envp);
     };
@@ -240,7 +235,7 @@ unsafe fn with_record_env(
 ///
 /// # Safety
 /// `envp` is a NULL-terminated array of NUL-terminated strings.
-unsafe fn exec_env_changes(target: Option<std::path::PathBuf>, envp: *const *const c_char) -> Option<(u8, Vec<u8>)> {
+unsafe fn exec_env_changes(target: impl FnOnce() -> Option<std::path::PathBuf>, envp: *const *const c_char) -> Option<(u8, Vec<u8>)> {
     use std::ffi::{OsStr, OsString};
     use std::os::unix::ffi::OsStrExt;
     // The entries as (name, value).
@@ -264,6 +259,7 @@ unsafe fn exec_env_changes(target: Option<std::path::PathBuf>, envp: *const *con
     // The value the new image gets: the entry's, else ours (added below).
     let inherited = |k: &str| value_of(k).map(OsStr::to_os_string).or_else(|| std::env::var_os(k));
     let mut added: Vec<(&str, OsString)> = RECORD_ENV.iter().filter(|k| value_of(k).is_none()).filter_map(|k| Some((*k, std::env::var_os(k)?))).collect();
+    let target = target();
     let mut replaced = 0u8;
     let mut replace = |bit: usize, value: Option<OsString>, added: &mut Vec<(&str, OsString)>| {
         replaced |= 1 << bit;
@@ -285,18 +281,8 @@ unsafe fn exec_env_changes(target: Option<std::path::PathBuf>, envp: *const *con
         let saved = value_of(startup::ENV_USER_TUNABLES);
         let current = value_of("GLIBC_TUNABLES");
         let user = saved.map_or(current, startup::decode_user_tunables);
-        let preloads: Vec<std::path::PathBuf> = preload
-            .as_deref()
-            .unwrap_or_default()
-            .as_bytes()
-            .split(|&b| b == b':' || b == b' ')
-            .filter(|p| !p.is_empty())
-            .map(|p| std::path::PathBuf::from(OsStr::from_bytes(p)))
-            .filter(|p| p.file_name() != Some(OsStr::new(startup::PRELOAD_NAME)))
-            .collect();
-        let need = startup::need(&target, value_of("LD_LIBRARY_PATH"), &preloads).map_or(0, |(_, n)| n);
+        let want = startup::tunables_for(&target, value_of("LD_LIBRARY_PATH"), preload.as_deref(), user);
         let lossy = |v: Option<&OsStr>| v.map(|u| u.to_string_lossy().into_owned());
-        let want = startup::tunables(lossy(user).as_deref(), need);
         if saved.is_some() || want != lossy(current) {
             replace(1, want.clone().map(OsString::from), &mut added);
             let saved = (want != lossy(user)).then(|| startup::encode_user_tunables(user));
@@ -343,6 +329,38 @@ extern "C" {
     static environ: *const *const c_char;
 }
 
+/// An exec through libc's `name`: flushes first ([`around_exec`]) and
+/// completes the environment for the file it runs ([`with_record_env`];
+/// `target`, asked for only when needed); `call` runs libc's function,
+/// passed as its address, with the environment to use.
+///
+/// # Safety
+/// `call` calls the address as libc's `name`; `envp` as in
+/// [`with_record_env`].
+unsafe fn exec_through(
+    name: &std::ffi::CStr,
+    target: impl FnOnce() -> Option<std::path::PathBuf>,
+    envp: *const *const c_char,
+    call: impl FnOnce(*mut libc::c_void, *const *const c_char) -> c_int,
+) -> c_int {
+    let f = next(name);
+    if f.is_null() {
+        return no_next();
+    }
+    // SAFETY: per this function's contract.
+    around_exec(|| unsafe { with_record_env(target, envp, |envp| call(f, envp)) })
+}
+
+/// A C string argument as a path.
+///
+/// # Safety
+/// `s` is a NUL-terminated string.
+unsafe fn c_path<'a>(s: *const c_char) -> &'a std::path::Path {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: per this function's contract.
+    std::path::Path::new(std::ffi::OsStr::from_bytes(unsafe { std::ffi::CStr::from_ptr(s) }.to_bytes()))
+}
+
 /// # Safety
 /// As libc's `execve`.
 #[no_mangle]
@@ -351,18 +369,14 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let f = next(c"execve");
-    if f.is_null() {
-        return no_next();
-    }
     // SAFETY: libc's execve has this signature; arguments passed through
     // (the environment completed for the new image); `path` is the
     // caller's NUL-terminated string.
-    around_exec(|| unsafe {
-        with_record_env(exec_target(path, false), envp, |envp| {
+    unsafe {
+        exec_through(c"execve", || exec_target(path, false), envp, |f, envp| {
             std::mem::transmute::<*mut libc::c_void, ExecveFn>(f)(path, argv, envp)
         })
-    })
+    }
 }
 
 /// As libc's, `execve` with the process's environment (so that the new
@@ -394,18 +408,14 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let f = next(c"execvpe");
-    if f.is_null() {
-        return no_next();
-    }
     // SAFETY: libc's execvpe has this signature; arguments passed through
     // (the environment completed for the new image); `file` is the
     // caller's NUL-terminated string.
-    around_exec(|| unsafe {
-        with_record_env(exec_target(file, true), envp, |envp| {
+    unsafe {
+        exec_through(c"execvpe", || exec_target(file, true), envp, |f, envp| {
             std::mem::transmute::<*mut libc::c_void, ExecveFn>(f)(file, argv, envp)
         })
-    })
+    }
 }
 
 type FexecveFn = unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int;
@@ -416,16 +426,12 @@ type ExecveatFn =
 /// As libc's `fexecve`.
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
-    let f = next(c"fexecve");
-    if f.is_null() {
-        return no_next();
-    }
-    let target = std::path::PathBuf::from(format!("/proc/self/fd/{fd}"));
+    let target = || Some(std::path::PathBuf::from(format!("/proc/self/fd/{fd}")));
     // SAFETY: libc's fexecve has this signature; arguments passed through
     // (the environment completed for the new image).
-    around_exec(|| unsafe {
-        with_record_env(Some(target), envp, |envp| std::mem::transmute::<*mut libc::c_void, FexecveFn>(f)(fd, argv, envp))
-    })
+    unsafe {
+        exec_through(c"fexecve", target, envp, |f, envp| std::mem::transmute::<*mut libc::c_void, FexecveFn>(f)(fd, argv, envp))
+    }
 }
 
 /// # Safety
@@ -438,30 +444,25 @@ pub unsafe extern "C" fn execveat(
     envp: *const *const c_char,
     flags: c_int,
 ) -> c_int {
-    use std::os::unix::ffi::OsStrExt;
-    let f = next(c"execveat");
-    if f.is_null() {
-        return no_next();
-    }
     // The file it runs: `path`, or `path` under the directory `dirfd`, or
     // `dirfd` itself with AT_EMPTY_PATH and an empty `path`.
-    let target = (!path.is_null()).then(|| {
+    let target = || {
         // SAFETY: the caller's NUL-terminated string.
-        let p = std::path::Path::new(std::ffi::OsStr::from_bytes(unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes()));
+        let p = unsafe { c_path(path.as_ref()?) };
         let dir = std::path::PathBuf::from(format!("/proc/self/fd/{dirfd}"));
-        match () {
+        Some(match () {
             _ if p.as_os_str().is_empty() && flags & libc::AT_EMPTY_PATH != 0 => dir,
             _ if p.is_absolute() || dirfd == libc::AT_FDCWD => p.to_path_buf(),
             _ => dir.join(p),
-        }
-    });
+        })
+    };
     // SAFETY: libc's execveat has this signature; arguments passed through
     // (the environment completed for the new image).
-    around_exec(|| unsafe {
-        with_record_env(target, envp, |envp| {
+    unsafe {
+        exec_through(c"execveat", target, envp, |f, envp| {
             std::mem::transmute::<*mut libc::c_void, ExecveatFn>(f)(dirfd, path, argv, envp, flags)
         })
-    })
+    }
 }
 
 type SpawnFn = unsafe extern "C" fn(
@@ -473,63 +474,40 @@ type SpawnFn = unsafe extern "C" fn(
     *const *const c_char,
 ) -> c_int;
 
-/// `posix_spawn` or `posix_spawnp` (`search`) of `file` through libc's
-/// (`call` passes it the other arguments), with the environment completed
-/// for the new image as the exec interposers do (a spawn does not go
-/// through them).
-///
-/// # Safety
-/// As libc's `posix_spawn`; `envp` is the caller's.
-unsafe fn spawn(
-    name: &std::ffi::CStr,
-    search: bool,
-    file: *const c_char,
-    envp: *const *const c_char,
-    call: impl FnOnce(SpawnFn, *const *const c_char) -> c_int,
-) -> c_int {
-    let f = next(name);
-    if f.is_null() {
-        return libc::ENOSYS;
-    }
-    // SAFETY: libc's posix_spawn and posix_spawnp have this signature;
-    // `file` is the caller's NUL-terminated string, `envp` its environment.
-    unsafe {
-        let f = std::mem::transmute::<*mut libc::c_void, SpawnFn>(f);
-        with_record_env(exec_target(file, search), envp, |envp| call(f, envp))
-    }
+/// `posix_spawn` and `posix_spawnp` (`search`: `file` is looked for in
+/// `PATH`): through libc's, with the environment completed for the new
+/// image as the exec interposers do (a spawn does not go through them).
+macro_rules! spawn_interposer {
+    ($name:ident, $search:expr) => {
+        /// # Safety
+        /// As libc's function of the same name.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            pid: *mut libc::pid_t,
+            file: *const c_char,
+            actions: *const libc::posix_spawn_file_actions_t,
+            attr: *const libc::posix_spawnattr_t,
+            argv: *const *const c_char,
+            envp: *const *const c_char,
+        ) -> c_int {
+            let name = std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()).unwrap();
+            let f = next(name);
+            if f.is_null() {
+                return libc::ENOSYS;
+            }
+            // SAFETY: libc's function has this signature; arguments passed
+            // through (the environment completed); `file` is the caller's
+            // NUL-terminated string, `envp` its environment.
+            unsafe {
+                let f = std::mem::transmute::<*mut libc::c_void, SpawnFn>(f);
+                with_record_env(|| exec_target(file, $search), envp, |envp| f(pid, file, actions, attr, argv, envp))
+            }
+        }
+    };
 }
 
-/// # Safety
-/// As libc's `posix_spawn`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawn(
-    pid: *mut libc::pid_t,
-    path: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: as posix_spawn, the arguments passed through (the
-    // environment completed).
-    unsafe { spawn(c"posix_spawn", false, path, envp, |f, envp| f(pid, path, actions, attr, argv, envp)) }
-}
-
-/// # Safety
-/// As libc's `posix_spawnp`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawnp(
-    pid: *mut libc::pid_t,
-    file: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: as posix_spawnp, the arguments passed through (the
-    // environment completed).
-    unsafe { spawn(c"posix_spawnp", true, file, envp, |f, envp| f(pid, file, actions, attr, argv, envp)) }
-}
+spawn_interposer!(posix_spawn, false);
+spawn_interposer!(posix_spawnp, true);
 
 /// Finishes the trace, then ends the process through libc's `name`
 /// (`_exit`, `_Exit`, `quick_exit`).

@@ -116,21 +116,37 @@ pub fn sanitizer_runtimes(prog: &Path) -> Vec<String> {
 /// place of those before the recorder.  `None` when `current` has no
 /// recorder.
 pub fn preload_for(prog: &Path, current: &OsStr) -> Option<std::ffi::OsString> {
-    use std::os::unix::ffi::OsStrExt;
-    let entries: Vec<&[u8]> = current.as_bytes().split(|&b| b == b' ' || b == b':').filter(|e| !e.is_empty()).collect();
-    let ours = entries.iter().position(|e| Path::new(OsStr::from_bytes(e)).file_name() == Some(OsStr::new(PRELOAD_NAME)))?;
+    let entries: Vec<&OsStr> = preload_entries(current).collect();
+    let ours = entries.iter().position(|e| is_recorder(e))?;
+    let sanitizers = sanitizer_runtimes(prog).into_iter().map(std::ffi::OsString::from);
     let mut out = std::ffi::OsString::new();
-    for san in sanitizer_runtimes(prog) {
-        out.push(san);
-        out.push(" ");
-    }
-    for (i, e) in entries[ours..].iter().enumerate() {
+    for (i, e) in sanitizers.chain(entries[ours..].iter().map(|e| e.to_os_string())).enumerate() {
         if i != 0 {
             out.push(" ");
         }
-        out.push(OsStr::from_bytes(e));
+        out.push(e);
     }
     Some(out)
+}
+
+/// The entries of an `LD_PRELOAD` value (separated by spaces or colons).
+pub fn preload_entries(value: &OsStr) -> impl Iterator<Item = &OsStr> {
+    use std::os::unix::ffi::OsStrExt;
+    value.as_bytes().split(|&b| b == b' ' || b == b':').filter(|e| !e.is_empty()).map(OsStr::from_bytes)
+}
+
+/// Whether an `LD_PRELOAD` entry is the recorder library.
+fn is_recorder(entry: &OsStr) -> bool {
+    Path::new(entry).file_name() == Some(OsStr::new(PRELOAD_NAME))
+}
+
+/// The `GLIBC_TUNABLES` value to start `prog` with ([`tunables`]), given
+/// the `LD_LIBRARY_PATH` and `LD_PRELOAD` it starts with (the recorder's
+/// own TLS is counted in [`ROOM`]) and the value it would have untraced.
+pub fn tunables_for(prog: &Path, ld_library_path: Option<&OsStr>, preload: Option<&OsStr>, user: Option<&OsStr>) -> Option<String> {
+    let preloads: Vec<PathBuf> = preload.map(preload_entries).into_iter().flatten().filter(|e| !is_recorder(e)).map(PathBuf::from).collect();
+    let need = need(prog, ld_library_path, &preloads).map_or(0, |(_, n)| n);
+    tunables(user.map(|u| u.to_string_lossy()).as_deref(), need)
 }
 
 /// `s` with `$ORIGIN` (or `${ORIGIN}`) replaced by `origin`, the

@@ -74,7 +74,7 @@ thread_local! {
 /// address once.
 #[inline(always)]
 pub(crate) fn this() -> &'static ThreadState {
-    #[cfg(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux"))]
+    #[cfg(ftramp_tls_cache)]
     {
         let p = cached::load();
         if !p.is_null() {
@@ -84,7 +84,7 @@ pub(crate) fn this() -> &'static ThreadState {
         }
         this_slow()
     }
-    #[cfg(not(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux")))]
+    #[cfg(not(ftramp_tls_cache))]
     {
         block()
     }
@@ -102,7 +102,7 @@ fn block() -> &'static ThreadState {
 }
 
 /// The thread's first [`this`]: caches the block's address.
-#[cfg(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux"))]
+#[cfg(ftramp_tls_cache)]
 #[cold]
 #[inline(never)]
 fn this_slow() -> &'static ThreadState {
@@ -132,7 +132,7 @@ fn this_slow() -> &'static ThreadState {
 /// (glibc keeps little room for those), so libftramp.so goes without.  A
 /// `fork` child inherits the slot and the block with the address space, at
 /// the same addresses.
-#[cfg(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux"))]
+#[cfg(ftramp_tls_cache)]
 mod cached {
     use super::ThreadState;
 
@@ -515,7 +515,7 @@ mod tests {
 
     /// The initial-exec slot caches each thread's own block (feature
     /// `tls-cache`; the workspace's tests build with it, for the recorder).
-    #[cfg(all(feature = "tls-cache", any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux"))]
+    #[cfg(ftramp_tls_cache)]
     #[test]
     fn the_tls_cache_holds_each_threads_own_block() {
         // The slot read again, out of line: `load` is declared `nomem`, so
