@@ -63,7 +63,8 @@ pub unsafe extern "C" fn ftramp_recorder_early_start(envp: *const *const c_char)
     }
     // No panic may cross into the loader.
     let _ = std::panic::catch_unwind(|| {
-        ftramp_runtime::sites::starting_up();
+        // (No dlopen may be made here: it would run constructors early.)
+        let _held = ftramp_runtime::sites::LoaderHeld::starting_up();
         session::start()
     });
 }

@@ -427,7 +427,19 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
 }
 
 /// Picks up `dlopen`/`dlclose` and ids handed out by the overflow table.
+/// A `dlopen` still in progress is waited for before the state is taken:
+/// the audit module's hook, inside it, names the new functions itself
+/// and gives up when the state is held by a thread waiting for the loader.
 fn check_modules() {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let (adds, subs) = sites::loader_generation();
+    let gen = adds << 32 | (subs & 0xffff_ffff);
+    // (Not at the first look: a sanitizer runtime that intercepts dlopen
+    // may not be ready for a call yet.)
+    let last = LAST.swap(gen, Relaxed);
+    if last != 0 && last != gen {
+        sites::wait_for_loader();
+    }
     check_modules_with(state());
 }
 
@@ -459,7 +471,10 @@ fn check_modules_with(mut guard: MutexGuard<'static, Option<State>>) {
             let new = funcs(added);
             changed |= !new.is_empty();
             name_sites(st, &new);
-            st.seen_gen = gen;
+            // An object still being loaded was skipped: look again.
+            if !st.disc.loading() {
+                st.seen_gen = gen;
+            }
         }
     }
     for (addr, id) in ids::overflow_entries() {
@@ -710,6 +725,13 @@ fn check_modules_waiting(tries: u32, pause: Duration) {
 /// at most 50 ms for the writer.
 pub(crate) fn name_new_sites() {
     check_modules_waiting(250, Duration::from_micros(200));
+}
+
+/// [`name_new_sites`] inside the loader, in the middle of a `dlopen` (the
+/// audit module's hook), waiting at most 100 ms for the writer (which
+/// never waits for the loader while it holds the state).
+pub(crate) fn name_new_sites_while_loading() {
+    check_modules_waiting(1000, Duration::from_micros(100));
 }
 
 /// Called by the `_exit` interposer and at exit.

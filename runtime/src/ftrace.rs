@@ -46,7 +46,7 @@ use ftramp_codegen::arch::{self, STUB_LEN};
 use ftramp_codegen::{image::Image, DataWord, Dispatch, SiteEntry, Tier, Variant};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Why an ops could not be registered.
@@ -188,7 +188,7 @@ pub fn module_watcher_running() -> bool {
 /// Whether every `dlopen`/`dlclose` so far has been handled
 /// ([`refresh_if_modules_changed`] would do nothing now).
 pub fn modules_handled() -> bool {
-    crate::sites::loader_generation() == seen()
+    crate::sites::loader_generation() == seen() && !HOOKS_PENDING.load(Relaxed)
 }
 
 /// The module watcher's step: if the loader's counters changed since the
@@ -197,8 +197,20 @@ pub fn modules_handled() -> bool {
 /// when nothing changed.  Safe to call from any thread outside dispatch,
 /// also beside the watcher.
 pub fn refresh_if_modules_changed() {
+    if grace::dispatch_depth() > 0 || (crate::sites::loader_generation() == seen() && !HOOKS_PENDING.load(Relaxed)) {
+        return;
+    }
+    // A dlopen in progress finishes first (the audit module's hook, inside
+    // it, may be handling its objects), so that this thread neither holds
+    // the engine while it waits for the loader nor runs module hooks on
+    // objects not relocated yet.
+    crate::sites::wait_for_loader();
     let now = crate::sites::loader_generation();
-    if now == seen() || grace::dispatch_depth() > 0 {
+    if now == seen() {
+        // Modules patched inside the loader: their hooks.
+        if HOOKS_PENDING.swap(false, Relaxed) {
+            run_module_hooks();
+        }
         return;
     }
     let f = ftrace();
@@ -214,11 +226,89 @@ pub fn refresh_if_modules_changed() {
         if let Ok(old) = st.apply() {
             retire_table(old);
         }
-        set_seen(now);
+        // An object still being loaded was skipped: look again next time.
+        if !st.discovery.as_ref().is_some_and(Discovery::loading) {
+            set_seen(now);
+        }
         drop(st);
         run_module_hooks();
     }
 }
+
+/// How long [`refresh_while_loading`] waits for an engine that another
+/// thread holds (none waits for the loader while it holds the engine).
+const LOADING_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// [`refresh_if_modules_changed`] from inside the loader, in the middle of
+/// a `dlopen`: an `LD_AUDIT` module's `la_activity(LA_ACT_CONSISTENT)`,
+/// which glibc calls once the new objects are mapped and before it
+/// relocates them or runs any of their constructors, on the thread that
+/// called `dlopen`, holding the loader's lock.  Sites patched here are
+/// traced from the library's first constructor on; left to the module
+/// watcher, they were patched ~10 ms later, after the constructors, and
+/// calls made into the library before then were not traced.
+///
+/// Inside the loader no `dlopen` is made (not even to wait for the
+/// loader: glibc asserts that the namespace is consistent) and the new
+/// objects' site tables, not relocated yet, are read from their files
+/// (`sites::LoaderHeld`).  The module hooks
+/// ([`on_modules_changed`]) are left to the watcher: the unwinder's are
+/// written into GOT slots that the relocation still to come would
+/// overwrite, and fgraph's take its registry, which a thread registering a
+/// user may hold while it waits for the loader (until then, several fgraph
+/// users see the new sites as they see any site not in their bitmaps:
+/// those without a filter get their calls).
+///
+/// This thread holds the loader's lock; no thread waits for that lock
+/// while it holds the engine (a refresh does not wait for a `dlopen` in
+/// progress: it skips the object, `Discovery::loading`; the patching
+/// takes only the loader's list lock, `sites::while_loaded`), so waiting
+/// for the engine cannot deadlock.  Still, after [`LOADING_WAIT`] this
+/// gives up and leaves the new objects to the watcher, as before.  When it
+/// has handled them, the watcher does not refresh again for them: it only
+/// runs the module hooks once the loader is done.  Returns whether the new
+/// objects were handled.
+pub fn refresh_while_loading() -> bool {
+    if grace::dispatch_depth() > 0 {
+        return false;
+    }
+    let _held = crate::sites::LoaderHeld::enter();
+    let f = ftrace();
+    let deadline = std::time::Instant::now() + LOADING_WAIT;
+    let mut st = loop {
+        match f.state.try_lock() {
+            Ok(st) => break st,
+            Err(std::sync::TryLockError::Poisoned(_)) => return false,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if std::time::Instant::now() >= deadline {
+                    return false;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+        }
+    };
+    if st.ops.is_empty() || st.discovery.is_none() {
+        return false;
+    }
+    if st.refresh().is_err() {
+        return false;
+    }
+    match st.apply() {
+        Ok(old) => retire_table(old),
+        Err(_) => return false,
+    }
+    // Handled, unless a new object could not be read: then the watcher
+    // tries again.  The module hooks wait for it either way.
+    HOOKS_PENDING.store(true, Relaxed);
+    if !st.discovery.as_ref().is_some_and(Discovery::loading) {
+        set_seen(crate::sites::loader_generation());
+    }
+    true
+}
+
+/// [`refresh_while_loading`] patched new modules whose module hooks have
+/// not run yet: the watcher runs them once the loader is done with them.
+static HOOKS_PENDING: AtomicBool = AtomicBool::new(false);
 
 static MODULE_HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
 
@@ -570,14 +660,18 @@ impl State {
             // New table first, so list trampolines find their ops as soon
             // as a site reaches them.
             let old = dispatch::publish(table);
-            for (addr, module, _) in &want {
-                self.sites.entry(*addr).or_insert_with(|| SiteState {
-                    module: *module,
-                    nop: crate::patch::read_text(*addr, spec.site_len),
-                    current: NOP,
-                    stub: None,
-                });
-            }
+            // A new site's NOP bytes, read while its module cannot be
+            // unmapped; the new sites of a module the program has just
+            // closed are left out (the next refresh forgets the module).
+            let sites = &mut self.sites;
+            d.while_loaded(|live| {
+                for (addr, module, _) in &want {
+                    if !sites.contains_key(addr) && live.iter().any(|l| l.id == *module) {
+                        sites.insert(*addr, SiteState { module: *module, nop: crate::patch::read_text(*addr, spec.site_len), current: NOP, stub: None });
+                    }
+                }
+            });
+            want.retain(|(a, _, _)| self.sites.contains_key(a));
             let changed: Vec<(usize, ModuleId, Target)> = want.iter().filter(|(a, _, t)| self.sites[a].current != *t).copied().collect();
             // Stub entry: a fresh stub per site that gets a trampoline, in
             // one block per module (stubs are never rewritten in place).
@@ -604,7 +698,8 @@ impl State {
                 }
             }
             let mut changes = Vec::new();
-            for (addr, _, target) in &changed {
+            let mut modules = Vec::new();
+            for (addr, module, target) in &changed {
                 let st = &self.sites[addr];
                 // What a site holds for a trampoline (0: none) and its stub, if any.
                 let bytes = |tramp: usize, stub: Option<&SiteStub>| -> Result<Vec<u8>, RuntimeError> {
@@ -615,10 +710,20 @@ impl State {
                     })
                 };
                 changes.push(SiteChange::new(*addr, bytes(st.current.addr, st.stub.as_ref())?, bytes(target.addr, stubs.get(addr))?));
+                modules.push(*module);
             }
             if !changes.is_empty() {
-                let report = Patcher::apply(&changes)?;
-                let refused: std::collections::HashSet<usize> = report.refused.iter().filter_map(refused_addr).collect();
+                // Only modules still loaded, kept mapped while they are
+                // patched (the sites of one the program has just closed
+                // stay as they are; the next refresh forgets them).
+                let (report, gone) = d.while_loaded(|live| {
+                    let is_live = |m: &ModuleId| live.iter().any(|l| l.id == *m);
+                    let go: Vec<SiteChange> = changes.iter().zip(&modules).filter(|(_, m)| is_live(m)).map(|(c, _)| c.clone()).collect();
+                    let gone: Vec<usize> = changes.iter().zip(&modules).filter(|(_, m)| !is_live(m)).map(|(c, _)| c.addr).collect();
+                    Patcher::apply(&go).map(|r| (r, gone))
+                })?;
+                let mut refused: std::collections::HashSet<usize> = report.refused.iter().filter_map(refused_addr).collect();
+                refused.extend(gone);
                 for (addr, _, target) in &changed {
                     if !refused.contains(addr) {
                         if let Some(s) = self.sites.get_mut(addr) {
@@ -644,8 +749,8 @@ impl State {
 /// its text is the file's again: the sites this engine patched hold
 /// NOPs.  Such a library's sites are forgotten here, so that `State::apply`
 /// patches them anew (they keep their addresses, and so their ids and
-/// filters).  One site per library is read, with the library pinned
-/// so that it cannot go away meanwhile.  True if one was found.
+/// filters).  One site per library is read, inside the loader's list
+/// lock so that it cannot go away meanwhile.  True if one was found.
 fn forget_reloaded(sites: &mut BTreeMap<usize, SiteState>, dead_stubs: &mut Vec<Arc<CodeBlock>>, d: &Discovery) -> bool {
     let spec = host_spec();
     let mut patched: HashMap<ModuleId, usize> = HashMap::new();
@@ -657,11 +762,13 @@ fn forget_reloaded(sites: &mut BTreeMap<usize, SiteState>, dead_stubs: &mut Vec<
     let mut reloaded = Vec::new();
     for (id, addr) in patched {
         // (The main program is never unloaded.)
-        let Some(m) = d.module(id).filter(|m| !m.is_main) else { continue };
-        // Not loaded now: the next refresh drops it.
-        let Some(_pin) = crate::sites::loaded::Pin::new(&m.path) else { continue };
-        let now = crate::patch::read_text(addr, spec.site_len);
-        if spec.nops.iter().any(|n| now.starts_with(n)) {
+        if d.module(id).is_none_or(|m| m.is_main) {
+            continue;
+        }
+        // Not loaded now: the next refresh drops it.  (Read while it cannot
+        // be unmapped.)
+        let now = d.while_loaded(|live| live.iter().any(|l| l.id == id).then(|| crate::patch::read_text(addr, spec.site_len)));
+        if now.is_some_and(|now| spec.nops.iter().any(|n| now.starts_with(n))) {
             reloaded.push(id);
         }
     }

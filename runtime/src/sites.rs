@@ -26,10 +26,12 @@
 //! patched since).  Discovery reads memory only inside the loader's lock
 //! and only inside the module's readable `PT_LOAD` segments (see
 //! `loaded.rs`), so a concurrent `dlclose` can never unmap what is being
-//! read; a new library is first pinned with `dlopen(RTLD_NOLOAD)`, which
-//! waits for a `dlopen` in progress to finish relocating it.  Code that
-//! patches sites later keeps their modules loaded with
-//! [`Discovery::while_loaded`].
+//! read; before new libraries are read, [`wait_for_loader`] waits for a
+//! `dlopen` in progress to finish relocating them.  Code that patches
+//! sites later keeps their modules loaded with [`Discovery::while_loaded`].
+//! Inside the loader itself (an audit module's hook, [`LoaderHeld`]) no
+//! `dlopen` is made, and the tables of objects not relocated yet are read
+//! from their files.
 //!
 //! Building sites: gcc `-fpatchable-function-entry=N[,M]` on every arch;
 //! on x86_64 also `-pg -mfentry -mnop-mcount -mrecord-mcount` (non-PIC
@@ -300,15 +302,7 @@ pub struct Discovery {
     subs: Option<u64>,
 }
 
-/// Tells the runtime that the program has not run any constructor yet (an
-/// `LD_AUDIT` hook starting a tracer early): the libraries loaded now are
-/// the ones it was started with, which are never unloaded, so they are
-/// never pinned with `dlopen` (which would run their constructors early,
-/// out of turn).  Calling it later would wrongly take `dlopen`ed libraries
-/// for start-up ones.
-pub fn starting_up() {
-    loaded::starting_up()
-}
+pub use loaded::{wait_for_loader, LoaderHeld};
 
 /// The loader's counters of objects ever loaded and unloaded
 /// (`dlpi_adds`, `dlpi_subs`): they change with every `dlopen`/`dlclose`.
@@ -343,6 +337,14 @@ impl Discovery {
         &self.skipped
     }
 
+    /// Whether the last refresh skipped an object the loader was still
+    /// loading ([`SkipReason::NotRelocated`]): a caller that refreshes when
+    /// the loader's counters change should look again although they have
+    /// not changed since.
+    pub fn loading(&self) -> bool {
+        self.skipped.iter().any(|s| matches!(s.reason, SkipReason::NotRelocated))
+    }
+
     /// Every patchable site.
     pub fn sites(&self) -> impl Iterator<Item = &Site> {
         self.modules.iter().flat_map(|m| m.sites.iter())
@@ -364,28 +366,26 @@ impl Discovery {
         self.sites().filter(move |s| s.symbol.as_deref() == Some(symbol))
     }
 
-    /// Runs `f` with the modules of this discovery that are still loaded,
-    /// each kept loaded until `f` returns: libraries are pinned with a
-    /// reference (`dlopen` with `RTLD_NOLOAD`, so a concurrent `dlclose`
-    /// cannot unmap them; if the program closed one meanwhile, it is
-    /// unloaded when `f` returns, on this thread), then checked to still be
-    /// the instance that was discovered (same name, load bias and
-    /// program-header address).
-    /// Their sites may be patched inside `f`.  No loader lock is held while
-    /// `f` runs.  Libraries the loader cannot find by name (another
-    /// `dlmopen` namespace) are left out.
+    /// Runs `f` with the modules of this discovery that are still loaded
+    /// (the same instance that was discovered: same name, load bias and
+    /// program-header address), inside the loader's list lock, so that none
+    /// of them can be unmapped until `f` returns (`dlclose` unlinks an
+    /// object under that lock before it unmaps it; see `loaded.rs`).  Their
+    /// sites may be patched inside `f`, which must not `dlopen` or
+    /// `dlclose` nor wait for a thread that does (the patcher does not: it
+    /// waits only for running threads to answer its signal, and a thread
+    /// waiting for the lock is not running).  No reference is taken: a
+    /// library the program closes meanwhile is unloaded by its `dlclose`,
+    /// on the program's thread, once `f` is done (with references, its
+    /// destructors ran when the last one went, on the engine's thread or
+    /// at exit, out of their order).  Libraries of another `dlmopen`
+    /// namespace are left out.
     pub fn while_loaded<R>(&self, f: impl FnOnce(&[&Module]) -> R) -> R {
-        let pins: Vec<(ModuleId, loaded::Pin)> =
-            self.modules.iter().filter(|m| !m.is_main).filter_map(|m| Some((m.id, loaded::Pin::new(&m.path)?))).collect();
-        let listed: HashSet<Key> = loaded::with_loaded(|set| set.objects().iter().map(|o| o.key()).collect());
-        let live: Vec<&Module> = self
-            .modules
-            .iter()
-            .filter(|m| listed.contains(&m.key) && (m.is_main || pins.iter().any(|(id, _)| *id == m.id)))
-            .collect();
-        let result = f(&live);
-        drop(pins);
-        result
+        loaded::with_loaded(|set| {
+            let listed: HashSet<Key> = set.objects().iter().map(|o| o.key()).collect();
+            let live: Vec<&Module> = self.modules.iter().filter(|m| listed.contains(&m.key)).collect();
+            f(&live)
+        })
     }
 
     /// Brings the discovery up to date with the loader: reads modules
@@ -398,17 +398,28 @@ impl Discovery {
         // 1. Which objects are new (a copy of the list; the lock is
         //    released again before any file is read).
         let snapshot = loaded::with_loaded(|set| set.objects().to_vec());
-        // 2. Read their files, without holding the loader lock.
-        //    Pin new libraries first: that waits for a dlopen in progress
-        //    to finish relocating them, and keeps them loaded until read.
+        // 2. Read their files, without holding the loader lock.  (They are
+        //    not pinned: a reference taken now would keep a library the
+        //    program closes meanwhile loaded until it is dropped, so its
+        //    destructors would run here, or at exit, out of their order.
+        //    Nor is a dlopen in progress waited for, which would make this
+        //    thread wait for the loader's lock holding the caller's locks,
+        //    which the audit module's hook, inside the loader, may want.
+        //    Their memory is read under the lock in step 3, where only
+        //    objects still loaded are listed, and an object the loader has
+        //    not relocated yet is skipped as `NotRelocated`: the caller
+        //    tries again, see `Discovery::loading`.)
         let mut files: HashMap<Key, (String, PathBuf, Result<elf::Parsed, SkipReason>)> = HashMap::new();
-        let mut pins = Vec::new();
         for obj in snapshot.iter().filter(|o| !known.contains(&o.key())) {
             let path = file_path(obj);
-            if let (Some(p), false) = (&path, obj.is_main) {
-                pins.extend(loaded::Pin::new(p));
-            }
             let parsed = match &path {
+                // Inside the loader (see `loaded::LoaderHeld`), the objects
+                // it is loading are not relocated yet: their site
+                // addresses come from the file.
+                Some(p) if loaded::reading_unrelocated() && !obj.is_main => elf::parse(p).map(|mut parsed| {
+                    parsed.links = elf::link_values(p, &parsed.tables);
+                    parsed
+                }),
                 Some(p) => elf::parse(p),
                 None => Err(SkipReason::NoFile),
             };
@@ -443,7 +454,6 @@ impl Discovery {
             }
             (still, new, skipped, set.subs)
         });
-        drop(pins);
         self.next_id = next_id;
         let (kept, removed): (Vec<Module>, Vec<Module>) =
             std::mem::take(&mut self.modules).into_iter().partition(|m| still.contains(&m.key));
@@ -546,12 +556,17 @@ fn read_module(
     let units = nop_units(spec);
     let mut entries = 0;
     let mut unrelocated = 0;
-    for table in &file.tables {
+    for (i, table) in file.tables.iter().enumerate() {
         let table_name = elf::TABLES.iter().find(|(_, k)| *k == table.kind).map_or("?", |(n, _)| n);
         let addr = obj.bias.wrapping_add(table.addr as usize);
         let bytes = live.read(addr, table.size as usize).ok_or(SkipReason::TableOutsideSegments(table_name))?;
-        for chunk in bytes.chunks_exact(8) {
-            let record = u64::from_ne_bytes(chunk.try_into().expect("8-byte chunk")) as usize;
+        let records: Vec<usize> = match file.links.as_ref().and_then(|l| l.get(i)) {
+            // What the loader's relocation will write (link-time address
+            // + bias; 0 stays 0, a null entry).
+            Some(link) => link.iter().map(|&v| if v == 0 { 0 } else { obj.bias.wrapping_add(v as usize) }).collect(),
+            None => bytes.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")) as usize).collect(),
+        };
+        for record in records {
             entries += 1;
             // Padding between tables of different objects, or an entry of a
             // function the linker discarded (link address 0).
@@ -673,7 +688,8 @@ pub fn optimize_nops(discovery: &Discovery) -> Result<NopStats, RuntimeError> {
             let edits: Vec<TextEdit<'_>> = modules
                 .iter()
                 .flat_map(|m| m.sites.iter())
-                // The module is pinned and listed, so its text is mapped.
+                // The module is listed and the list locked, so its text
+                // is mapped.
                 .filter(|s| patch::read_text(s.addr, len) == *from)
                 .map(|s| TextEdit { addr: s.addr, expect: from, new: to })
                 .collect();

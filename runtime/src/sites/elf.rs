@@ -9,7 +9,7 @@
 use super::loaded::Segment;
 use super::{SiteKind, SkipReason, SymbolSource};
 use object::elf;
-use object::read::elf::{ElfFile64, ProgramHeader};
+use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
 use object::read::ReadCache;
 use object::{Endianness, Object, ObjectSection, ObjectSymbol, SymbolKind};
 use std::fs::File;
@@ -58,6 +58,9 @@ pub(crate) struct Parsed {
     /// the file has no tables (symbols are only read when needed).
     pub symbols: Vec<FuncSym>,
     pub symbol_source: SymbolSource,
+    /// Each table's link-time addresses from the file ([`link_values`]),
+    /// when discovery reads objects the loader has not relocated yet.
+    pub links: Option<Vec<Vec<u64>>>,
 }
 
 /// Opens and reads `path`.
@@ -93,7 +96,46 @@ pub(crate) fn parse(path: &Path) -> Result<Parsed, SkipReason> {
         }
     }
     let (symbols, symbol_source) = if tables.is_empty() { (Vec::new(), SymbolSource::None) } else { functions(&elf) };
-    Ok(Parsed { dev: meta.dev(), inode: meta.ino(), loads, tables, symbols, symbol_source })
+    Ok(Parsed { dev: meta.dev(), inode: meta.ino(), loads, tables, symbols, symbol_source, links: None })
+}
+
+/// The link-time addresses each of `tables` holds, read from the file at
+/// `path` (`None` if it cannot be read as it was by [`parse`]): the
+/// section's bytes with its `RELATIVE` dynamic relocations applied.  For
+/// an object the loader has mapped but not relocated yet, whose tables in
+/// memory still hold what the file holds — link-time addresses where the
+/// linker also wrote the addends in place (GNU ld's default, and every
+/// `RELR` entry), zeros where it did not (lld's default).
+pub(crate) fn link_values(path: &Path, tables: &[Table]) -> Option<Vec<Vec<u64>>> {
+    let cache = ReadCache::new(File::open(path).ok()?);
+    let elf = ElfFile64::<Endianness, _>::parse(&cache).ok()?;
+    let endian = elf.endian();
+    let relative = match elf.elf_header().e_machine(endian) {
+        elf::EM_X86_64 => elf::R_X86_64_RELATIVE,
+        elf::EM_AARCH64 => elf::R_AARCH64_RELATIVE,
+        elf::EM_RISCV => elf::R_RISCV_RELATIVE,
+        elf::EM_PPC64 => elf::R_PPC64_RELATIVE,
+        elf::EM_S390 => elf::R_390_RELATIVE,
+        _ => return None,
+    };
+    let mut values = Vec::with_capacity(tables.len());
+    for t in tables {
+        let section = elf.sections().find(|s| s.address() == t.addr && s.size() == t.size && TABLES.iter().any(|(n, _)| s.name() == Ok(*n)))?;
+        let data = section.data().ok()?;
+        let words: Vec<u64> = data.chunks_exact(8).map(|c| object::Endian::read_u64(endian, c.try_into().expect("8-byte chunk"))).collect();
+        values.push(words);
+    }
+    for (offset, r) in elf.dynamic_relocations()? {
+        if r.flags() != (object::RelocationFlags::Elf { r_type: relative }) || r.has_implicit_addend() {
+            continue;
+        }
+        for (t, words) in tables.iter().zip(values.iter_mut()) {
+            if offset >= t.addr && offset < t.addr + t.size && (offset - t.addr) % 8 == 0 {
+                words[((offset - t.addr) / 8) as usize] = r.addend() as u64;
+            }
+        }
+    }
+    Some(values)
 }
 
 /// Function symbols from `.symtab`, or `.dynsym` when the file is stripped.

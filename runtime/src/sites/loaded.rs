@@ -285,62 +285,109 @@ fn collect() -> LoadedSet {
     set
 }
 
-/// A reference to a loaded library (`dlopen` with `RTLD_NOLOAD`), dropped
-/// with `dlclose`.
-///
-/// Taking it waits for a `dlopen` in progress on another thread (glibc
-/// holds `dl_load_lock` through mapping *and* relocation), so the object's
-/// tables are relocated once a pin is held; and the object cannot be
-/// unloaded while pinned.  If the program `dlclose`s the library meanwhile,
-/// dropping the pin is what unloads it (its destructors then run on the
-/// thread that drops the pin).
-///
-/// Libraries the program was started with need none and get none once
-/// [`starting_up`] has named them (the pin is then empty).
-pub(crate) struct Pin(*mut libc::c_void);
+/// The thread inside the loader (`pthread_self`, 0: none) and how (1: at
+/// the start-up checkpoint; 2: inside a `dlopen`): see [`LoaderHeld`].
+/// One slot is enough, as the loader runs one such call at a time, under
+/// its lock.  (Not a thread-local: at the start-up checkpoint, this
+/// library's thread-locals go through `__tls_get_addr`, which a sanitizer
+/// runtime intercepts and cannot serve yet.)
+static LOADER_THREAD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static LOADER_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Names of the objects loaded when [`starting_up`] was called, before any
-/// constructor ran: glibc never unloads an object the program was started
-/// with (only `dlopen`ed ones), so these need no pin — and pinning one
-/// with `dlopen` before its constructor has run would run the constructor
-/// there and then, out of its turn (`dlopen` initialises what it finds
-/// uninitialised, `RTLD_NOLOAD` or not).
-static STARTUP: std::sync::OnceLock<std::collections::HashSet<Vec<u8>>> = std::sync::OnceLock::new();
-
-/// Notes every object loaded now as one the program was started with.
-/// Only valid before the program's first constructor (see [`STARTUP`]).
-pub(crate) fn starting_up() {
-    let names = with_loaded(|set| set.objects().iter().map(|o| o.name.clone()).collect());
-    let _ = STARTUP.set(names);
+fn this_thread() -> usize {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as usize }
 }
 
-impl Pin {
-    /// Pins the library named `path` if it is loaded (in the default
-    /// namespace).  The main program needs no pin.
-    pub fn new(path: &std::path::Path) -> Option<Pin> {
-        use std::os::unix::ffi::OsStrExt;
-        let name = path.as_os_str().as_bytes();
-        if STARTUP.get().is_some_and(|s| s.contains(name)) {
-            return Some(Pin(std::ptr::null_mut()));
-        }
-        let c = std::ffi::CString::new(name).ok()?;
-        // SAFETY: with RTLD_NOLOAD dlopen never loads anything: it looks
-        // the name up and takes a reference (and runs the constructors of
-        // an object not initialised yet, which is why start-up libraries
-        // are not pinned, see STARTUP).
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-        (!h.is_null()).then(|| Pin(h))
+/// Marks the calling thread as running inside the dynamic loader, in the
+/// middle of a `dlopen` (an `LD_AUDIT` module's `la_activity`, called
+/// with the loader's lock held after the new objects are mapped and
+/// before they are relocated or initialised), until dropped.  Meanwhile:
+///
+/// * [`wait_for_loader`] does nothing: the lock is this thread's, and a
+///   `dlopen` made there would fail glibc's assertion that the namespace
+///   is consistent;
+/// * the site tables of the objects being loaded are not relocated yet,
+///   so discovery takes their addresses from the file
+///   ([`reading_unrelocated`]).
+///
+/// At the start-up checkpoint ([`LoaderHeld::starting_up`]) the objects
+/// are relocated, but no `dlopen` may be made either: it would run the
+/// constructors it finds not run yet, before their turn.
+pub struct LoaderHeld {
+    thread: usize,
+    mode: u8,
+}
+
+impl LoaderHeld {
+    fn mark(mode: u8) -> LoaderHeld {
+        use std::sync::atomic::Ordering::SeqCst;
+        LoaderHeld { thread: LOADER_THREAD.swap(this_thread(), SeqCst), mode: LOADER_MODE.swap(mode, SeqCst) }
+    }
+
+    /// Marks the calling thread until the value is dropped.  Only call it
+    /// where the loader calls this thread in the middle of a `dlopen` (an
+    /// audit module's `la_activity`).
+    pub fn enter() -> LoaderHeld {
+        LoaderHeld::mark(2)
+    }
+
+    /// As [`LoaderHeld::enter`], at the start-up checkpoint (the audit
+    /// module's first `la_activity(LA_ACT_CONSISTENT)`), where every object
+    /// is relocated and no constructor has run.
+    pub fn starting_up() -> LoaderHeld {
+        LoaderHeld::mark(1)
     }
 }
 
-impl Drop for Pin {
+impl Drop for LoaderHeld {
     fn drop(&mut self) {
-        if self.0.is_null() {
-            return;
+        use std::sync::atomic::Ordering::SeqCst;
+        LOADER_MODE.store(self.mode, SeqCst);
+        LOADER_THREAD.store(self.thread, SeqCst);
+    }
+}
+
+/// How the calling thread is inside the loader (0: it is not).
+fn loader_mode() -> u8 {
+    use std::sync::atomic::Ordering::SeqCst;
+    if LOADER_THREAD.load(SeqCst) == this_thread() {
+        LOADER_MODE.load(SeqCst)
+    } else {
+        0
+    }
+}
+
+/// Whether the calling thread is inside the loader (see [`LoaderHeld`]).
+pub(crate) fn loader_held() -> bool {
+    loader_mode() != 0
+}
+
+/// Whether the calling thread is inside a `dlopen`, whose new objects are
+/// not relocated yet (see [`LoaderHeld`]).
+pub(crate) fn reading_unrelocated() -> bool {
+    loader_mode() == 2
+}
+
+/// Returns once no `dlopen` or `dlclose` is in progress on another thread
+/// (it takes and releases the loader's lock, `dl_load_lock`, which those
+/// hold until they are done: relocated, initialised, unmapped).  Nothing
+/// inside the loader ([`LoaderHeld`]).  Call it holding no lock a thread
+/// inside the loader may want (the engine's, the recorder's state): the
+/// audit module's hook takes them there.
+pub fn wait_for_loader() {
+    if loader_held() {
+        return;
+    }
+    // SAFETY: dlopen of the main program (a null name) with RTLD_NOLOAD
+    // loads nothing and runs no constructor (the program's have run: this
+    // is not the start-up checkpoint, see above); its handle is closed at
+    // once, and the main program is never unloaded.
+    unsafe {
+        let h = libc::dlopen(std::ptr::null(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if !h.is_null() {
+            libc::dlclose(h);
         }
-        // SAFETY: `self.0` is a handle from a successful dlopen, closed
-        // exactly once; nothing of the library is used after this.
-        unsafe { libc::dlclose(self.0) };
     }
 }
 
