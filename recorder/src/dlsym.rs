@@ -11,8 +11,19 @@
 //! [`before_dlsym`] (which has the engine patch, and the recorder name,
 //! what any loader change brought first, see [`sync_new_modules`]), and
 //! *jumps* to libc's `dlsym`, so that the return address glibc reads (for
-//! `RTLD_NEXT` and `RTLD_DEFAULT`) is still the program's.  Calls into a new library made before any
-//! `dlsym`, e.g. by its own constructors, are still left to the watcher.
+//! `RTLD_NEXT` and `RTLD_DEFAULT`) is still the program's.
+//!
+//! With the audit module, the library is patched earlier still, inside
+//! `dlopen` before its constructors run ([`ftramp_recorder_objects_added`]),
+//! and the check here finds it known; without it (`FTRAMP_AUDIT=`,
+//! an old glibc), calls into a new library made before any `dlsym`, e.g.
+//! by its own constructors, are left to the watcher.
+//!
+//! `dlclose` is interposed too (a plain wrapper: glibc's does not look at
+//! its caller): before a library can go away, the functions that got ids
+//! since the writer last looked are named ([`before_dlclose`]), so that the
+//! calls a library loaded and closed at once made (its constructors',
+//! destructors') are not left as bare addresses, whoever patched it.
 
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -27,22 +38,28 @@ fn real_dlsym() -> usize {
     if r != 0 {
         return r;
     }
-    // glibc 2.34 moved dlsym into libc.so.6 as GLIBC_2.34; before, the
-    // base version of the arch.
+    let p = next_versioned(c"dlsym");
+    REAL.store(p, Relaxed);
+    p
+}
+
+/// libc's `name` (a libdl function), looked up with `dlvsym`, which is not
+/// interposed: glibc 2.34 moved them into libc.so.6 as GLIBC_2.34; before,
+/// the base version of the arch.
+fn next_versioned(name: &std::ffi::CStr) -> usize {
     let versions: &[&std::ffi::CStr] = if cfg!(target_arch = "aarch64") { &[c"GLIBC_2.34", c"GLIBC_2.17"] } else { &[c"GLIBC_2.34", c"GLIBC_2.2.5"] };
     for v in versions {
         // SAFETY: dlvsym with NUL-terminated strings; RTLD_NEXT is valid in
         // a shared object.
-        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) } as usize;
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), v.as_ptr()) } as usize;
         if p != 0 {
-            REAL.store(p, Relaxed);
             return p;
         }
     }
-    // Without it no dlsym call could be answered: say so and stop rather
-    // than return into nothing.
-    let msg = b"ftramp record: cannot find libc's dlsym\n";
-    // SAFETY: write(2) of a static buffer.
+    // Without it no call could be answered: say so and stop rather than
+    // return into nothing.
+    let msg = format!("ftramp record: cannot find libc's {}\n", name.to_string_lossy());
+    // SAFETY: write(2) of a live buffer.
     unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
     std::process::abort()
 }
@@ -116,6 +133,84 @@ fn sync_new_modules() {
         crate::session::name_new_sites();
     }
     IN_SYNC.with(|f| f.set(false));
+}
+
+/// Called by the audit module (`recorder/audit`) inside a `dlopen`, once
+/// the loader has mapped the new objects and before it relocates them or
+/// runs their constructors (`la_activity(LA_ACT_CONSISTENT)` after
+/// `LA_ACT_ADD`), on the thread that called `dlopen`, under the loader's
+/// lock: has the engine patch the new objects there
+/// ([`ftramp_runtime::ftrace::refresh_while_loading`]) and the recorder
+/// name their functions, so that their constructors' calls, and calls the
+/// program makes into them before any `dlsym` (callbacks a constructor
+/// registered), are recorded.  When the engine or the recorder's state is
+/// held by a thread that may be waiting for the loader's lock, it leaves
+/// them to the watcher and the writer, as without the audit module.
+#[no_mangle]
+pub extern "C" fn ftramp_recorder_objects_added() {
+    // No panic may cross into the loader.
+    let _ = std::panic::catch_unwind(objects_added);
+}
+
+fn objects_added() {
+    if !crate::session::started_here_or_before_fork()
+        || !crate::session::started()
+        || ftramp_runtime::grace::dispatch_depth() > 0
+        || ftramp_runtime::thread::is_helper()
+    {
+        return;
+    }
+    if IN_SYNC.with(|f| f.replace(true)) {
+        return;
+    }
+    let _held = ftramp_runtime::sites::LoaderHeld::enter();
+    if ftramp_runtime::ftrace::refresh_while_loading() {
+        crate::session::name_new_sites_while_loading();
+    }
+    IN_SYNC.with(|f| f.set(false));
+}
+
+/// libc's `dlclose` (0: not looked up yet).
+static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
+
+/// Names what the loader's changes since the writer last looked brought,
+/// before the program's `dlclose` can unload it.  Not from the runtime's
+/// own threads or calls (which `dlclose` the handles they take to wait for
+/// the loader), nor reentered, nor before recording started.
+fn before_dlclose() {
+    if !crate::session::started_here_or_before_fork()
+        || !crate::session::started()
+        || ftramp_runtime::grace::dispatch_depth() > 0
+        || ftramp_runtime::thread::is_helper()
+    {
+        return;
+    }
+    if IN_SYNC.with(|f| f.replace(true)) {
+        return;
+    }
+    crate::session::name_new_sites();
+    IN_SYNC.with(|f| f.set(false));
+}
+
+/// `dlclose`: see the module docs.
+///
+/// # Safety
+/// As libc's `dlclose`.
+#[no_mangle]
+pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> std::ffi::c_int {
+    // No panic may cross into the program.
+    let _ = std::panic::catch_unwind(before_dlclose);
+    let mut real = REAL_DLCLOSE.load(Relaxed);
+    if real == 0 {
+        real = next_versioned(c"dlclose");
+        REAL_DLCLOSE.store(real, Relaxed);
+    }
+    // SAFETY: `real` is libc's `dlclose` (found by name and version), whose
+    // signature this is; the caller's contract is libc's.
+    unsafe {
+        let f: unsafe extern "C" fn(*mut c_void) -> std::ffi::c_int = std::mem::transmute(real);
+        f(handle)
+    }
 }
 
 /// `dlsym`: see the module docs.

@@ -53,6 +53,11 @@ struct Built {
     abi: PathBuf,
     /// `rec_ctor.c`, linked with `rec_ctor_lib.c`'s library.
     ctor: PathBuf,
+    /// That library, and a copy whose site table holds zeros in the file,
+    /// as lld leaves it (the addresses only in its `RELATIVE`
+    /// relocations' addends).
+    ctor_lib: PathBuf,
+    ctor_lib_zeros: PathBuf,
 }
 
 /// Compiles the tracees once per test run with the host arch's site flags.
@@ -96,6 +101,8 @@ fn built() -> &'static Built {
             nosites: out.join("rec_nosites"),
             abi: out.join("rec_abi"),
             ctor: out.join("rec_ctor"),
+            ctor_lib: out.join("librec_ctor.so"),
+            ctor_lib_zeros: out.join("librec_ctor_zeros.so"),
         };
         let s = |f: &str| src.join(f).display().to_string();
         let p = |p: &Path| p.display().to_string();
@@ -124,8 +131,9 @@ fn built() -> &'static Built {
         ]
         .concat());
         cc([common.clone(), vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
-        let ctor_lib = out.join("librec_ctor.so");
+        let ctor_lib = b.ctor_lib.clone();
         cc([common.clone(), site.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&ctor_lib), s("rec_ctor_lib.c")]].concat());
+        zero_site_table(&ctor_lib, &b.ctor_lib_zeros);
         cc([
             common.clone(),
             site.clone(),
@@ -142,6 +150,24 @@ fn built() -> &'static Built {
         cc([common, vec!["-I".into(), a(""), "-o".into(), p(&b.abi), s("rec_abi.c"), a("abi_driver.c"), p(&obj)]].concat());
         b
     })
+}
+
+/// Copies the shared library `from` to `to` with the bytes of its
+/// `__patchable_function_entries` zeroed: what lld writes there (it does
+/// not apply dynamic relocations in place), where GNU ld writes the
+/// link-time addresses as well as the relocations' addends.
+fn zero_site_table(from: &Path, to: &Path) {
+    use object::{Object, ObjectSection};
+    let mut bytes = std::fs::read(from).unwrap();
+    let range = {
+        let f = object::File::parse(&*bytes).unwrap();
+        let s = f.section_by_name("__patchable_function_entries").expect("a site table");
+        let (off, len) = s.file_range().unwrap();
+        assert!(s.data().unwrap().iter().any(|b| *b != 0), "GNU ld wrote the addresses in place");
+        off as usize..(off + len) as usize
+    };
+    bytes[range].fill(0);
+    std::fs::write(to, bytes).unwrap();
 }
 
 /// The C compiler for this test binary's arch: `cc`, or on aarch64 the
@@ -1090,6 +1116,67 @@ fn library_constructors_destructors_and_atexit_handlers_are_recorded() {
             check_nesting(p);
         }
     }
+}
+
+/// A library the program `dlopen`s runs its constructor inside `dlopen`,
+/// and the program may call into it at once without `dlsym` (callbacks the
+/// constructor registered): the audit module's hook has the engine patch
+/// it there, after mapping and before relocation, reading its site table
+/// from the file (both as GNU ld and as lld leave it).  The constructor's
+/// calls are recorded, and so are the destructor's and the `atexit`
+/// handler's at the `dlclose` that follows at once (before the module
+/// watcher could have patched anything).
+#[test]
+fn a_dlopened_librarys_constructor_is_recorded() {
+    let b = built();
+    for (lib, tracer) in [(&b.ctor_lib, "function_graph"), (&b.ctor_lib, "function"), (&b.ctor_lib_zeros, "function_graph")] {
+        let name = lib.file_name().unwrap().to_str().unwrap();
+        let plain = run_untraced(&b.tracee, &["dlopen-ctor", lib.to_str().unwrap()]);
+        let (dir, out) = record_tracee(&format!("dlopen-ctor-{name}"), tracer, &["dlopen-ctor", lib.to_str().unwrap()], &[("FTRAMP_TRACER", tracer)]);
+        assert!(out.status.success(), "{name} {tracer}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout, plain.stdout, "{name} {tracer}: the program's output as untraced");
+        let c = &counters(&out.stdout)[0];
+        assert_eq!(c["dlopen_ctor_closed"], 1, "{c:?}");
+        let want = c["ctorlib_ctor_at_fini"] + c["ctorlib_atexit"] + c["ctorlib_fini"];
+        assert_eq!(want, 9, "the library's own counts: {c:?}");
+        let got = per_function(&open(&dir).processes[0]);
+        let both = |n| if tracer == "function" { (n, 0) } else { (n, n) };
+        assert_eq!(count(&got, "ctorlib_step"), both(want), "{name} {tracer}: {got:?}");
+        for f in ["ctorlib_init", "ctorlib_at_exit", "ctorlib_fini"] {
+            assert_eq!(count(&got, f), both(1), "{name} {tracer}: {f}: {got:?}");
+        }
+    }
+}
+
+/// Three threads load, call and close two libraries (one with constructor,
+/// destructor and `atexit` handler) 40 times each while two others call a
+/// function of the program: every call is recorded and named — each
+/// constructor run (as many as the destructor reported), each library call
+/// — and the program's result is the untraced one.  The audit module's
+/// hook, the watcher, the writer and the `dlsym`/`dlclose` checks all meet
+/// here; a lock taken in the wrong order would hang the run, a patch of a
+/// library just closed would crash it.
+#[test]
+fn libraries_loaded_and_closed_by_several_threads_are_recorded_whole() {
+    let b = built();
+    let args = ["dlopen-stress", b.lib.to_str().unwrap(), b.ctor_lib.to_str().unwrap()];
+    let plain = run_untraced(&b.tracee, &args);
+    let want_sum = counters(&plain.stdout).iter().find_map(|c| c.get("stress_sum").copied()).expect("the untraced sum");
+    let (dir, out) = record_tracee("dlopen-stress", "function_graph", &args, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let runs = text.lines().filter(|l| l.starts_with("ctorlib_fini ")).count() as u64;
+    let sum = counters(&out.stdout).iter().find_map(|c| c.get("stress_sum").copied());
+    assert_eq!(sum, Some(want_sum), "{text}");
+    assert!(runs > 0, "the library with a constructor was loaded: {text}");
+    let got = per_function(&open(&dir).processes[0]);
+    let unnamed: Vec<&String> = got.keys().filter(|k| k.starts_with("0x")).collect();
+    assert!(unnamed.is_empty(), "calls recorded without a name: {unnamed:?}");
+    assert_eq!(count(&got, "ctorlib_init"), (runs, runs), "{got:?}");
+    assert_eq!(count(&got, "ctorlib_step"), (9 * runs, 9 * runs), "{got:?}");
+    assert_eq!(count(&got, "reclib_sum"), (60, 60), "{got:?}");
+    assert_eq!(count(&got, "reclib_add"), (600, 600), "{got:?}");
+    assert_eq!(count(&got, "rec_stress_work"), (200_000, 200_000), "{got:?}");
 }
 
 /// Loading (and tracing) a library while other threads sleep in calls that

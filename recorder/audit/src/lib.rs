@@ -24,7 +24,13 @@
 //! object's GNU hash table; `dlsym` is not used there (glibc's `dlsym`
 //! crashes when an audit module calls it from `la_activity` at start-up).
 //! It hands the preload its environment: the program's libc sets its own
-//! `environ` only in its constructor, after this point.  It does nothing
+//! `environ` only in its constructor, after this point.
+//!
+//! The same checkpoint comes again inside every `dlopen` that loads
+//! something (`LA_ACT_ADD`, then `LA_ACT_CONSISTENT` once the new objects
+//! are mapped, before they are relocated or initialised): the module then
+//! calls the preload's `ftramp_recorder_objects_added`, which patches them
+//! there, so their constructors' calls are recorded too.  It does nothing
 //! else: no symbol binding is audited (`la_objopen` returns 0), so calls
 //! through the PLT are not slowed down.  Without the preload (a program
 //! `ftramp record` execs without recording, say) it does nothing at all.
@@ -36,13 +42,18 @@ use object::elf::{gnu_hash, Dyn64, Sym64, DT_GNU_HASH, DT_NULL, DT_STRTAB, DT_SY
 use object::read::elf::Dyn;
 use object::NativeEndian as NE;
 use std::ffi::{c_char, c_uint, CStr};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
 
 /// The symbol the preload exports for an early start.
 const EARLY_START: &CStr = c"ftramp_recorder_early_start";
+/// The symbol the preload exports for objects a `dlopen` added.
+const OBJECTS_ADDED: &CStr = c"ftramp_recorder_objects_added";
 
-/// `la_activity`'s flag: the namespace's link map is consistent again.
+/// `la_activity`'s flags: the namespace's link map is consistent again;
+/// objects are being added; being deleted.
 const LA_ACT_CONSISTENT: c_uint = 0;
+const LA_ACT_ADD: c_uint = 1;
+const LA_ACT_DELETE: c_uint = 2;
 /// `Lmid_t` of the program's own namespace.
 const LM_ID_BASE: isize = 0;
 
@@ -56,10 +67,18 @@ pub struct LinkMap {
     l_prev: *const LinkMap,
 }
 
-/// The first object of the program's namespace (the executable).
+/// The first object of the program's namespace (the executable), and the
+/// cookie the loader gave it (`la_activity` names a namespace by its first
+/// object's cookie).
 static HEAD: AtomicPtr<LinkMap> = AtomicPtr::new(std::ptr::null_mut());
+static HEAD_COOKIE: AtomicPtr<usize> = AtomicPtr::new(std::ptr::null_mut());
 /// The early start was attempted (once per process image).
 static DONE: AtomicBool = AtomicBool::new(false);
+/// The preload's `ftramp_recorder_objects_added` (0: none found).
+static ADDED_HOOK: AtomicUsize = AtomicUsize::new(0);
+/// The program's namespace is between `LA_ACT_ADD` and `LA_ACT_CONSISTENT`
+/// (a `dlopen` is mapping objects).
+static ADDING: AtomicBool = AtomicBool::new(false);
 
 extern "C" {
     /// This namespace's libc's environment: set, as the audit module's
@@ -82,9 +101,9 @@ pub unsafe extern "C" fn la_version(version: c_uint) -> c_uint {
 /// # Safety
 /// Called by the dynamic loader with a valid link map.
 #[no_mangle]
-pub unsafe extern "C" fn la_objopen(map: *mut LinkMap, lmid: isize, _cookie: *mut usize) -> c_uint {
-    if lmid == LM_ID_BASE {
-        let _ = HEAD.compare_exchange(std::ptr::null_mut(), map, Relaxed, Relaxed);
+pub unsafe extern "C" fn la_objopen(map: *mut LinkMap, lmid: isize, cookie: *mut usize) -> c_uint {
+    if lmid == LM_ID_BASE && HEAD.compare_exchange(std::ptr::null_mut(), map, Relaxed, Relaxed).is_ok() {
+        HEAD_COOKIE.store(cookie, Relaxed);
     }
     // No LA_FLG_BINDTO / LA_FLG_BINDFROM: no symbol binding is audited.
     0
@@ -93,10 +112,38 @@ pub unsafe extern "C" fn la_objopen(map: *mut LinkMap, lmid: isize, _cookie: *mu
 /// # Safety
 /// Called by the dynamic loader.
 #[no_mangle]
-pub unsafe extern "C" fn la_activity(_cookie: *mut usize, flag: c_uint) {
-    if flag != LA_ACT_CONSISTENT || DONE.load(Relaxed) {
-        return;
+pub unsafe extern "C" fn la_activity(cookie: *mut usize, flag: c_uint) {
+    // (The loader calls this under its lock: one call at a time.)
+    match flag {
+        LA_ACT_ADD => ADDING.store(cookie == HEAD_COOKIE.load(Relaxed), Relaxed),
+        LA_ACT_DELETE => ADDING.store(false, Relaxed),
+        LA_ACT_CONSISTENT if !DONE.load(Relaxed) => {
+            ADDING.store(false, Relaxed);
+            // SAFETY: called by the loader, which holds its lock.
+            unsafe { start() }
+        }
+        LA_ACT_CONSISTENT => {
+            let hook = ADDED_HOOK.load(Relaxed);
+            if ADDING.swap(false, Relaxed) && hook != 0 {
+                // SAFETY: the preload defines this symbol as
+                // `extern "C" fn()`, and it is loaded for good (a start-up
+                // object).
+                unsafe {
+                    let added: extern "C" fn() = std::mem::transmute(hook);
+                    added();
+                }
+            }
+        }
+        _ => {}
     }
+}
+
+/// The start-up checkpoint: finds the preload and starts it early (and
+/// remembers its hook for the objects later `dlopen`s add).
+///
+/// # Safety
+/// Called from `la_activity` at the first `LA_ACT_CONSISTENT`.
+unsafe fn start() {
     let mut map = HEAD.load(Relaxed) as *const LinkMap;
     if map.is_null() {
         return;
@@ -107,6 +154,10 @@ pub unsafe extern "C" fn la_activity(_cookie: *mut usize, flag: c_uint) {
         // (it holds its lock), and every object on it is mapped.
         let (found, next) = unsafe { (lookup(&*map, EARLY_START), (*map).l_next) };
         if let Some(addr) = found {
+            // SAFETY: as above; the same object.
+            if let Some(hook) = unsafe { lookup(&*map, OBJECTS_ADDED) } {
+                ADDED_HOOK.store(hook, Relaxed);
+            }
             // SAFETY: the preload defines this symbol as
             // `extern "C" fn(*const *const c_char)`; `environ` is this
             // namespace's libc's, initialised (see above), and the

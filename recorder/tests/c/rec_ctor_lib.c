@@ -1,8 +1,10 @@
 /*
- * A library the program links (DT_NEEDED) whose constructor, destructor and
- * an atexit handler its constructor registers all call traced functions.
- * The loader runs its constructor before the preloaded recorder's, so only
- * an early start (the audit module) sees those calls.  Each counts its
+ * A library whose constructor, destructor and an atexit handler its
+ * constructor registers all call traced functions.  Linked by a program
+ * (DT_NEEDED), the loader runs its constructor before the preloaded
+ * recorder's, so only an early start (the audit module) sees those calls;
+ * dlopened, it runs it inside dlopen, before the module watcher can have
+ * patched it (the audit module's hook does, earlier).  Each counts its
  * calls and prints the count (write(2) on stdout: the destructor and the
  * handler run after main's output was buffered).
  */
@@ -49,4 +51,7 @@ __attribute__((destructor, noinline)) static void ctorlib_fini(void)
 	for (long i = 0; i < 2; i++)
 		ctorlib_step(i, &fini_calls);
 	say("ctorlib_fini", fini_calls);
+	/* (For a program that dlopens the library and has no other way to
+	 * ask.) */
+	say("ctorlib_ctor_at_fini", ctor_calls);
 }

@@ -304,6 +304,43 @@ static void alarm_jumps(long jumps, long tail)
         s += rec_tail(i);
 }
 
+/* dlopen-stress: threads loading, calling and closing two libraries while
+ * others call a function of the program. */
+static const char *stress_libs[2];
+enum { STRESS_LOADS = 40, STRESS_CALLS = 100000 };
+
+__attribute__((noinline)) long rec_stress_work(long x)
+{
+	__asm__ volatile("" : "+r"(x));
+	return x * 3 + 1;
+}
+
+static void *stress_loader(void *arg)
+{
+	long id = (long)arg, s = 0;
+	for (int i = 0; i < STRESS_LOADS; i++) {
+		void *h = dlopen(stress_libs[(i + id) % 2], RTLD_NOW);
+		if (!h) {
+			fprintf(stderr, "%s\n", dlerror());
+			exit(2);
+		}
+		long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
+		if (f)
+			s += f(10);
+		dlclose(h);
+	}
+	return (void *)s;
+}
+
+static void *stress_caller(void *arg)
+{
+	long s = 0;
+	(void)arg;
+	for (long i = 0; i < STRESS_CALLS; i++)
+		s += rec_stress_work(i);
+	return (void *)s;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "threads";
@@ -704,6 +741,39 @@ int main(int argc, char **argv)
         void *next = dlsym(RTLD_NEXT, "execve"), *first = dlsym(RTLD_DEFAULT, "execve");
         printf("next_is_first %d\n", next && next == first);
         counts();
+        return 0;
+    }
+    if (!strcmp(mode, "dlopen-stress")) {
+        /* argv[2], argv[3]: librec_lib.so and librec_ctor.so. */
+        stress_libs[0] = argv[2];
+        stress_libs[1] = argv[3];
+        pthread_t t[5];
+        for (long i = 0; i < 3; i++)
+            pthread_create(&t[i], 0, stress_loader, (void *)i);
+        for (long i = 3; i < 5; i++)
+            pthread_create(&t[i], 0, stress_caller, 0);
+        long sum = 0;
+        for (int i = 0; i < 5; i++) {
+            void *r;
+            pthread_join(t[i], &r);
+            sum += (long)r;
+        }
+        printf("stress_sum %ld\n", sum);
+        return 0;
+    }
+    if (!strcmp(mode, "dlopen-ctor")) {
+        /* Load a library whose constructor calls traced functions and
+         * unload it at once, with no dlsym in between: only a library
+         * patched inside dlopen, before its constructor, has those calls
+         * (and the destructor's and atexit handler's at the dlclose)
+         * recorded.  The library prints its own counts. */
+        void *h = dlopen(argv[2], RTLD_NOW);
+        if (!h) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 2;
+        }
+        dlclose(h);
+        printf("dlopen_ctor_closed 1\n");
         return 0;
     }
     if (!strcmp(mode, "dlopen")) {
