@@ -58,6 +58,8 @@ struct Built {
     /// relocations' addends).
     ctor_lib: PathBuf,
     ctor_lib_zeros: PathBuf,
+    /// `rec_plugin.cpp`: a C++ library throwing in its initialiser.
+    plugin: PathBuf,
 }
 
 /// Compiles the tracees once per test run with the host arch's site flags.
@@ -103,6 +105,7 @@ fn built() -> &'static Built {
             ctor: out.join("rec_ctor"),
             ctor_lib: out.join("librec_ctor.so"),
             ctor_lib_zeros: out.join("librec_ctor_zeros.so"),
+            plugin: out.join("librec_plugin.so"),
         };
         let s = |f: &str| src.join(f).display().to_string();
         let p = |p: &Path| p.display().to_string();
@@ -134,6 +137,12 @@ fn built() -> &'static Built {
         let ctor_lib = b.ctor_lib.clone();
         cc([common.clone(), site.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&ctor_lib), s("rec_ctor_lib.c")]].concat());
         zero_site_table(&ctor_lib, &b.ctor_lib_zeros);
+        let cxx = compiler().replace("gcc", "g++").replace("cc", "c++");
+        let st = Command::new(&cxx)
+            .args([common.clone(), site.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&b.plugin), s("rec_plugin.cpp")]].concat())
+            .status()
+            .unwrap_or_else(|e| panic!("{cxx}: {e}"));
+        assert!(st.success(), "{cxx} rec_plugin.cpp failed");
         cc([
             common.clone(),
             site.clone(),
@@ -1146,6 +1155,25 @@ fn a_dlopened_librarys_constructor_is_recorded() {
             assert_eq!(count(&got, f), both(1), "{name} {tracer}: {f}: {got:?}");
         }
     }
+}
+
+/// A C program `dlopen`s a C++ library whose static initialiser throws and
+/// catches through traced frames, and libstdc++ comes with it: its
+/// unwinder hooks cannot be written before it is relocated, so the audit
+/// module's hook leaves that `dlopen` to the watcher (traced, the
+/// initialiser's first throw ended in `std::terminate`).  The program runs
+/// as untraced, and the library's later calls are recorded.
+#[test]
+fn a_dlopened_library_that_brings_the_unwinder_keeps_its_exceptions() {
+    let b = built();
+    let args = ["dlopen-plugin", b.plugin.to_str().unwrap()];
+    let plain = run_untraced(&b.tracee, &args);
+    assert_eq!(counters(&plain.stdout)[0]["plugin_caught"], 5, "{plain:?}");
+    let (dir, out) = record_tracee("dlopen-plugin", "function_graph", &args, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, plain.stdout);
+    let got = per_function(&open(&dir).processes[0]);
+    assert_eq!(count(&got, "plugin_caught"), (1, 1), "{got:?}");
 }
 
 /// Three threads load, call and close two libraries (one with constructor,

@@ -337,6 +337,11 @@ impl Discovery {
         &self.skipped
     }
 
+    /// Whether module `m`'s file imports any of `names`.
+    pub(crate) fn imports_any(m: &Module, names: &[&str]) -> bool {
+        elf::imports_any(&m.path, names)
+    }
+
     /// Whether the last refresh skipped an object the loader was still
     /// loading ([`SkipReason::NotRelocated`]): a caller that refreshes when
     /// the loader's counters change should look again although they have

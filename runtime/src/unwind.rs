@@ -137,6 +137,21 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
+/// The hooked functions that start a walk of the stack or switch stacks
+/// (the others, `_Unwind_Resume` and `__cxa_begin_catch`, continue or end
+/// one a hooked start began): a module that imports one of them must be
+/// hooked before traced code can reach it.
+pub(crate) const STARTERS: [&str; 8] = [
+    "_Unwind_RaiseException",
+    "_Unwind_Resume_or_Rethrow",
+    "_Unwind_ForcedUnwind",
+    "_Unwind_Backtrace",
+    "swapcontext",
+    "setcontext",
+    "pthread_exit",
+    "pthread_cancel",
+];
+
 /// The functions hooked, in `Entry` order.
 pub const HOOKED: [&str; 10] = [
     "_Unwind_RaiseException",

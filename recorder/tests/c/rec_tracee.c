@@ -761,6 +761,18 @@ int main(int argc, char **argv)
         printf("stress_sum %ld\n", sum);
         return 0;
     }
+    if (!strcmp(mode, "dlopen-plugin")) {
+        /* A C++ library that throws in its static initialiser. */
+        void *h = dlopen(argv[2], RTLD_NOW);
+        if (!h) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 2;
+        }
+        int (*caught)(void) = (int (*)(void))dlsym(h, "plugin_caught");
+        printf("plugin_caught %d\n", caught ? caught() : -1);
+        dlclose(h);
+        return 0;
+    }
     if (!strcmp(mode, "dlopen-ctor")) {
         /* Load a library whose constructor calls traced functions and
          * unload it at once, with no dlsym in between: only a library

@@ -138,6 +138,15 @@ pub(crate) fn link_values(path: &Path, tables: &[Table]) -> Option<Vec<Vec<u64>>
     Some(values)
 }
 
+/// Whether the ELF file at `path` imports (has an undefined dynamic symbol
+/// named) any of `names`; false when it cannot be read.
+pub(crate) fn imports_any(path: &Path, names: &[&str]) -> bool {
+    let Ok(file) = File::open(path) else { return false };
+    let cache = ReadCache::new(file);
+    let Ok(elf) = ElfFile64::<Endianness, _>::parse(&cache) else { return false };
+    elf.dynamic_symbols().any(|s| s.is_undefined() && s.name().is_ok_and(|n| names.contains(&n)))
+}
+
 /// Function symbols from `.symtab`, or `.dynsym` when the file is stripped.
 fn functions<'d, R: object::ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>) -> (Vec<FuncSym>, SymbolSource) {
     let symtab = function_symbols(elf.symbols());
