@@ -74,8 +74,8 @@ extern "C" fn before_dlsym() -> usize {
 }
 
 std::thread_local! {
-    /// This thread is in [`sync_new_modules`] (a `dlsym` made by what it
-    /// calls goes straight to libc).
+    /// This thread is in [`on_program_thread`] (a `dlsym` or `dlclose`
+    /// made by what it calls goes straight to libc).
     static IN_SYNC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -94,26 +94,18 @@ const WAIT: Duration = Duration::from_millis(50);
 /// registered nor in a child the recorder does not follow.
 fn sync_new_modules() {
     use ftramp_runtime::ftrace::{modules_handled, refresh_if_modules_changed};
-    // The cheapest tests first (`started` asks the kernel for the pid).
-    // Nothing at all before recording started: a sanitizer runtime calls
-    // dlsym while it sets up its interceptors, and `modules_handled`'s
-    // dl_iterate_phdr would then reach TSan's interceptor before it has
-    // the real function (a jump to address 0).
-    if !crate::session::started_here_or_before_fork()
-        || modules_handled()
-        || !crate::session::started()
-        || ftramp_runtime::grace::dispatch_depth() > 0
-    {
+    // The cheapest tests first.  Nothing at all before recording started: a
+    // sanitizer runtime calls dlsym while it sets up its interceptors, and
+    // `modules_handled`'s dl_iterate_phdr would then reach TSan's
+    // interceptor before it has the real function (a jump to address 0).
+    if !crate::session::started_here_or_before_fork() || modules_handled() {
         return;
     }
-    if IN_SYNC.with(|f| f.replace(true)) {
-        return;
-    }
-    let gen = || {
-        let (adds, subs) = ftramp_runtime::sites::loader_generation();
-        adds << 32 | (subs & 0xffff_ffff)
-    };
-    if !ftramp_runtime::thread::is_helper() && GAVE_UP.load(Relaxed) != gen() {
+    on_program_thread(|| {
+        let gen = crate::session::loader_generation_word;
+        if GAVE_UP.load(Relaxed) == gen() {
+            return;
+        }
         let deadline = Instant::now() + WAIT;
         loop {
             // (Returns at once when the watcher holds the engine: then wait
@@ -131,8 +123,24 @@ fn sync_new_modules() {
         // The new functions' ids and names too: a library unloaded before
         // the writer's next look would leave its calls nameless.
         crate::session::name_new_sites();
+    });
+}
+
+/// Runs `f` unless this is no program thread to do loader work on: before
+/// recording started here (or in the image this was forked from), inside
+/// a tracer callback, on the runtime's own threads, or inside another such
+/// call on this thread (what `f` calls may `dlsym` or `dlclose` itself).
+fn on_program_thread(f: impl FnOnce()) {
+    if !crate::session::started_here_or_before_fork()
+        || !crate::session::started()
+        || ftramp_runtime::grace::dispatch_depth() > 0
+        || ftramp_runtime::thread::is_helper()
+        || IN_SYNC.with(|b| b.replace(true))
+    {
+        return;
     }
-    IN_SYNC.with(|f| f.set(false));
+    f();
+    IN_SYNC.with(|b| b.set(false));
 }
 
 /// Called by the audit module (`recorder/audit`) inside a `dlopen`, once
@@ -153,21 +161,12 @@ pub extern "C" fn ftramp_recorder_objects_added() {
 }
 
 fn objects_added() {
-    if !crate::session::started_here_or_before_fork()
-        || !crate::session::started()
-        || ftramp_runtime::grace::dispatch_depth() > 0
-        || ftramp_runtime::thread::is_helper()
-    {
-        return;
-    }
-    if IN_SYNC.with(|f| f.replace(true)) {
-        return;
-    }
-    let _held = ftramp_runtime::sites::LoaderHeld::enter();
-    if ftramp_runtime::ftrace::refresh_while_loading() {
-        crate::session::name_new_sites_while_loading();
-    }
-    IN_SYNC.with(|f| f.set(false));
+    on_program_thread(|| {
+        let _held = ftramp_runtime::sites::LoaderHeld::enter();
+        if ftramp_runtime::ftrace::refresh_while_loading() {
+            crate::session::name_new_sites_while_loading();
+        }
+    });
 }
 
 /// libc's `dlclose` (0: not looked up yet).
@@ -178,18 +177,7 @@ static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
 /// own threads or calls (which `dlclose` the handles they take to wait for
 /// the loader), nor reentered, nor before recording started.
 fn before_dlclose() {
-    if !crate::session::started_here_or_before_fork()
-        || !crate::session::started()
-        || ftramp_runtime::grace::dispatch_depth() > 0
-        || ftramp_runtime::thread::is_helper()
-    {
-        return;
-    }
-    if IN_SYNC.with(|f| f.replace(true)) {
-        return;
-    }
-    crate::session::name_new_sites();
-    IN_SYNC.with(|f| f.set(false));
+    on_program_thread(crate::session::name_new_sites);
 }
 
 /// `dlclose`: see the module docs.

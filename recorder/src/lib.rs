@@ -62,11 +62,7 @@ pub unsafe extern "C" fn ftramp_recorder_early_start(envp: *const *const c_char)
         }
     }
     // No panic may cross into the loader.
-    let _ = std::panic::catch_unwind(|| {
-        // (No dlopen may be made here: it would run constructors early.)
-        let _held = ftramp_runtime::sites::LoaderHeld::starting_up();
-        session::start()
-    });
+    let _ = std::panic::catch_unwind(session::start);
 }
 
 /// Whether this glibc has done, at the audit module's call, what starting

@@ -426,14 +426,20 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// The loader's counters (`sites::loader_generation`) in one word: adds
+/// in the high half, subs in the low.
+pub(crate) fn loader_generation_word() -> u64 {
+    let (adds, subs) = sites::loader_generation();
+    adds << 32 | (subs & 0xffff_ffff)
+}
+
 /// Picks up `dlopen`/`dlclose` and ids handed out by the overflow table.
 /// A `dlopen` still in progress is waited for before the state is taken:
 /// the audit module's hook, inside it, names the new functions itself
 /// and gives up when the state is held by a thread waiting for the loader.
 fn check_modules() {
     static LAST: AtomicU64 = AtomicU64::new(0);
-    let (adds, subs) = sites::loader_generation();
-    let gen = adds << 32 | (subs & 0xffff_ffff);
+    let gen = loader_generation_word();
     // (Not at the first look: a sanitizer runtime that intercepts dlopen
     // may not be ready for a call yet.)
     let last = LAST.swap(gen, Relaxed);

@@ -290,7 +290,7 @@ pub fn refresh_while_loading() -> bool {
     if st.ops.is_empty() || st.discovery.is_none() {
         return false;
     }
-    let known: Vec<ModuleId> = st.discovery.as_ref().map(|d| d.modules().iter().map(|m| m.id).collect()).unwrap_or_default();
+    let known: std::collections::HashSet<ModuleId> = st.discovery.as_ref().map(|d| d.modules().iter().map(|m| m.id).collect()).unwrap_or_default();
     if st.refresh().is_err() {
         return false;
     }
@@ -300,7 +300,7 @@ pub fn refresh_while_loading() -> bool {
     // through hijacked returns it does not know (`std::terminate`).  Such
     // a `dlopen` is left to the watcher, as before.
     let starts_walks = st.discovery.as_ref().is_some_and(|d| {
-        d.modules().iter().filter(|m| !known.contains(&m.id)).any(|m| Discovery::imports_any(m, &crate::unwind::STARTERS))
+        d.modules().iter().filter(|m| !known.contains(&m.id)).any(|m| m.imports_any(&crate::unwind::STARTERS))
     });
     if starts_walks {
         return false;

@@ -220,6 +220,12 @@ pub struct Module {
 }
 
 impl Module {
+    /// Whether the module's file imports any of `names` (false when it
+    /// cannot be read).
+    pub(crate) fn imports_any(&self, names: &[&str]) -> bool {
+        elf::imports_any(&self.path, names)
+    }
+
     /// The site at `addr`, if any.
     pub fn site_at(&self, addr: usize) -> Option<&Site> {
         self.sites.binary_search_by_key(&addr, |s| s.addr).ok().map(|i| &self.sites[i])
@@ -337,11 +343,6 @@ impl Discovery {
         &self.skipped
     }
 
-    /// Whether module `m`'s file imports any of `names`.
-    pub(crate) fn imports_any(m: &Module, names: &[&str]) -> bool {
-        elf::imports_any(&m.path, names)
-    }
-
     /// Whether the last refresh skipped an object the loader was still
     /// loading ([`SkipReason::NotRelocated`]): a caller that refreshes when
     /// the loader's counters change should look again although they have
@@ -421,7 +422,7 @@ impl Discovery {
                 // Inside the loader (see `loaded::LoaderHeld`), the objects
                 // it is loading are not relocated yet: their site
                 // addresses come from the file.
-                Some(p) if loaded::reading_unrelocated() && !obj.is_main => elf::parse(p).map(|mut parsed| {
+                Some(p) if loaded::inside_loader() && !obj.is_main => elf::parse(p).map(|mut parsed| {
                     parsed.links = elf::link_values(p, &parsed.tables);
                     parsed
                 }),

@@ -306,14 +306,6 @@ pub fn install_error() -> Option<String> {
 /// engine's module watcher calls this after `dlopen`s.  Cheap when nothing
 /// changed.
 pub fn rescan() {
-    // Inside the loader (a `dlopen` in progress, `sites::LoaderHeld`), the
-    // new objects' GOTs are not relocated yet: hooks written there now
-    // would be overwritten.  The watcher comes by after the `dlopen`.
-    // (`refresh_while_loading` does not call this; a caller that did
-    // must not hook anything.)
-    if crate::sites::loaded::loader_held() {
-        return;
-    }
     {
         let g = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
         match g.as_ref() {

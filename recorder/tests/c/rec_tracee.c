@@ -304,6 +304,17 @@ static void alarm_jumps(long jumps, long tail)
         s += rec_tail(i);
 }
 
+/* dlopen(path, RTLD_NOW), or the loader's message and exit status 2. */
+static void *open_or_exit(const char *path)
+{
+	void *h = dlopen(path, RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "%s\n", dlerror());
+		exit(2);
+	}
+	return h;
+}
+
 /* dlopen-stress: threads loading, calling and closing two libraries while
  * others call a function of the program. */
 static const char *stress_libs[2];
@@ -319,11 +330,7 @@ static void *stress_loader(void *arg)
 {
 	long id = (long)arg, s = 0;
 	for (int i = 0; i < STRESS_LOADS; i++) {
-		void *h = dlopen(stress_libs[(i + id) % 2], RTLD_NOW);
-		if (!h) {
-			fprintf(stderr, "%s\n", dlerror());
-			exit(2);
-		}
+		void *h = open_or_exit(stress_libs[(i + id) % 2]);
 		long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
 		if (f)
 			s += f(10);
@@ -701,11 +708,7 @@ int main(int argc, char **argv)
         pthread_create(&t[0], NULL, rec_sleeper, NULL);
         pthread_create(&t[1], NULL, rec_poller, NULL);
         usleep(100000);
-        void *h = dlopen(argv[2], RTLD_NOW);
-        if (!h) {
-            fprintf(stderr, "%s\n", dlerror());
-            return 2;
-        }
+        void *h = open_or_exit(argv[2]);
         long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
         for (int i = 0; i < 500 && !patched(f); i++)
             usleep(1000);
@@ -721,11 +724,7 @@ int main(int argc, char **argv)
          * back at the same address, with its text fresh from the file. */
         long s = 0;
         for (int i = 0; i < 20; i++) {
-            void *h = dlopen(argv[2], RTLD_NOW);
-            if (!h) {
-                fprintf(stderr, "%s\n", dlerror());
-                return 2;
-            }
+            void *h = open_or_exit(argv[2]);
             long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
             s += f(20);
             dlclose(h);
@@ -763,11 +762,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(mode, "dlopen-plugin")) {
         /* A C++ library that throws in its static initialiser. */
-        void *h = dlopen(argv[2], RTLD_NOW);
-        if (!h) {
-            fprintf(stderr, "%s\n", dlerror());
-            return 2;
-        }
+        void *h = open_or_exit(argv[2]);
         int (*caught)(void) = (int (*)(void))dlsym(h, "plugin_caught");
         printf("plugin_caught %d\n", caught ? caught() : -1);
         dlclose(h);
@@ -779,21 +774,13 @@ int main(int argc, char **argv)
          * patched inside dlopen, before its constructor, has those calls
          * (and the destructor's and atexit handler's at the dlclose)
          * recorded.  The library prints its own counts. */
-        void *h = dlopen(argv[2], RTLD_NOW);
-        if (!h) {
-            fprintf(stderr, "%s\n", dlerror());
-            return 2;
-        }
+        void *h = open_or_exit(argv[2]);
         dlclose(h);
         printf("dlopen_ctor_closed 1\n");
         return 0;
     }
     if (!strcmp(mode, "dlopen")) {
-        void *h = dlopen(argv[2], RTLD_NOW);
-        if (!h) {
-            fprintf(stderr, "%s\n", dlerror());
-            return 2;
-        }
+        void *h = open_or_exit(argv[2]);
         long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
         /* The runtime's module watcher patches new libraries within ~10 ms:
          * wait for it (at most 5 s; sleeps end early on its signals). */

@@ -285,14 +285,12 @@ fn collect() -> LoadedSet {
     set
 }
 
-/// The thread inside the loader (`pthread_self`, 0: none) and how (1: at
-/// the start-up checkpoint; 2: inside a `dlopen`): see [`LoaderHeld`].
-/// One slot is enough, as the loader runs one such call at a time, under
-/// its lock.  (Not a thread-local: at the start-up checkpoint, this
-/// library's thread-locals go through `__tls_get_addr`, which a sanitizer
-/// runtime intercepts and cannot serve yet.)
+/// The thread inside the loader (`pthread_self`, 0: none): see
+/// [`LoaderHeld`].  One slot is enough, as the loader makes one such call
+/// at a time, under its lock; it is not a thread-local, so that reading it
+/// never goes through `__tls_get_addr` (which a sanitizer runtime
+/// intercepts, and cannot serve early in a process).
 static LOADER_THREAD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static LOADER_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 fn this_thread() -> usize {
     // SAFETY: pthread_self has no preconditions.
@@ -304,69 +302,32 @@ fn this_thread() -> usize {
 /// with the loader's lock held after the new objects are mapped and
 /// before they are relocated or initialised), until dropped.  Meanwhile:
 ///
-/// * [`wait_for_loader`] does nothing: the lock is this thread's, and a
-///   `dlopen` made there would fail glibc's assertion that the namespace
-///   is consistent;
 /// * the site tables of the objects being loaded are not relocated yet,
 ///   so discovery takes their addresses from the file
-///   ([`reading_unrelocated`]).
-///
-/// At the start-up checkpoint ([`LoaderHeld::starting_up`]) the objects
-/// are relocated, but no `dlopen` may be made either: it would run the
-/// constructors it finds not run yet, before their turn.
-pub struct LoaderHeld {
-    thread: usize,
-    mode: u8,
-}
+///   ([`inside_loader`]);
+/// * [`wait_for_loader`] does nothing: the lock is this thread's, and a
+///   `dlopen` made there would fail glibc's assertion that the namespace
+///   is consistent.
+pub struct LoaderHeld(usize);
 
 impl LoaderHeld {
-    fn mark(mode: u8) -> LoaderHeld {
-        use std::sync::atomic::Ordering::SeqCst;
-        LoaderHeld { thread: LOADER_THREAD.swap(this_thread(), SeqCst), mode: LOADER_MODE.swap(mode, SeqCst) }
-    }
-
     /// Marks the calling thread until the value is dropped.  Only call it
     /// where the loader calls this thread in the middle of a `dlopen` (an
     /// audit module's `la_activity`).
     pub fn enter() -> LoaderHeld {
-        LoaderHeld::mark(2)
-    }
-
-    /// As [`LoaderHeld::enter`], at the start-up checkpoint (the audit
-    /// module's first `la_activity(LA_ACT_CONSISTENT)`), where every object
-    /// is relocated and no constructor has run.
-    pub fn starting_up() -> LoaderHeld {
-        LoaderHeld::mark(1)
+        LoaderHeld(LOADER_THREAD.swap(this_thread(), std::sync::atomic::Ordering::SeqCst))
     }
 }
 
 impl Drop for LoaderHeld {
     fn drop(&mut self) {
-        use std::sync::atomic::Ordering::SeqCst;
-        LOADER_MODE.store(self.mode, SeqCst);
-        LOADER_THREAD.store(self.thread, SeqCst);
+        LOADER_THREAD.store(self.0, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
-/// How the calling thread is inside the loader (0: it is not).
-fn loader_mode() -> u8 {
-    use std::sync::atomic::Ordering::SeqCst;
-    if LOADER_THREAD.load(SeqCst) == this_thread() {
-        LOADER_MODE.load(SeqCst)
-    } else {
-        0
-    }
-}
-
-/// Whether the calling thread is inside the loader (see [`LoaderHeld`]).
-pub(crate) fn loader_held() -> bool {
-    loader_mode() != 0
-}
-
-/// Whether the calling thread is inside a `dlopen`, whose new objects are
-/// not relocated yet (see [`LoaderHeld`]).
-pub(crate) fn reading_unrelocated() -> bool {
-    loader_mode() == 2
+/// Whether the calling thread is inside a `dlopen` (see [`LoaderHeld`]).
+pub(crate) fn inside_loader() -> bool {
+    LOADER_THREAD.load(std::sync::atomic::Ordering::SeqCst) == this_thread()
 }
 
 /// Returns once no `dlopen` or `dlclose` is in progress on another thread
@@ -376,13 +337,13 @@ pub(crate) fn reading_unrelocated() -> bool {
 /// inside the loader may want (the engine's, the recorder's state): the
 /// audit module's hook takes them there.
 pub fn wait_for_loader() {
-    if loader_held() {
+    if inside_loader() {
         return;
     }
     // SAFETY: dlopen of the main program (a null name) with RTLD_NOLOAD
-    // loads nothing and runs no constructor (the program's have run: this
-    // is not the start-up checkpoint, see above); its handle is closed at
-    // once, and the main program is never unloaded.
+    // loads nothing and runs no constructor (an object already open is
+    // only counted); its handle is closed at once, and the main program is
+    // never unloaded.
     unsafe {
         let h = libc::dlopen(std::ptr::null(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
         if !h.is_null() {
