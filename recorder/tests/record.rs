@@ -60,6 +60,9 @@ struct Built {
     ctor_lib_zeros: PathBuf,
     /// `rec_plugin.cpp`: a C++ library throwing in its initialiser.
     plugin: PathBuf,
+    /// `rec_slow_startup_audit.c`: an audit module that sleeps in the
+    /// loader's start-up.
+    slow_audit: PathBuf,
 }
 
 /// Compiles the tracees once per test run with the host arch's site flags.
@@ -106,6 +109,7 @@ fn built() -> &'static Built {
             ctor_lib: out.join("librec_ctor.so"),
             ctor_lib_zeros: out.join("librec_ctor_zeros.so"),
             plugin: out.join("librec_plugin.so"),
+            slow_audit: out.join("librec_slow_audit.so"),
         };
         let s = |f: &str| src.join(f).display().to_string();
         let p = |p: &Path| p.display().to_string();
@@ -134,6 +138,7 @@ fn built() -> &'static Built {
         ]
         .concat());
         cc([common.clone(), vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
+        cc([common.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&b.slow_audit), s("rec_slow_startup_audit.c")]].concat());
         let ctor_lib = b.ctor_lib.clone();
         cc([common.clone(), site.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&ctor_lib), s("rec_ctor_lib.c")]].concat());
         zero_site_table(&ctor_lib, &b.ctor_lib_zeros);
@@ -1154,6 +1159,29 @@ fn a_dlopened_librarys_constructor_is_recorded() {
         for f in ["ctorlib_init", "ctorlib_at_exit", "ctorlib_fini"] {
             assert_eq!(count(&got, f), both(1), "{name} {tracer}: {f}: {got:?}");
         }
+    }
+}
+
+/// The recorder's threads start at the audit module's start-up checkpoint,
+/// while the loader is still starting the program (it declares the
+/// namespace consistent later, holding no lock).  A thread that waited for
+/// the loader there with a `dlopen` failed glibc's assertion `r_state ==
+/// RT_CONSISTENT`, which ends the process with status 127: under a loaded
+/// machine one `ftramp record` in twenty (a shell script running commands
+/// in parallel), and every time when the start-up takes 100 ms, as a
+/// second audit module makes it here.  Programs with and without sites.
+#[test]
+fn a_slow_program_start_up_is_not_disturbed() {
+    let b = built();
+    let ld_audit = format!("{}:{}", audit().display(), b.slow_audit.display());
+    for (prog, args) in [(&b.nosites, &[][..]), (&b.tracee, &["threads"][..])] {
+        let plain = run_untraced(prog, args);
+        assert!(plain.status.success(), "{plain:?}");
+        let name = prog.file_name().unwrap().to_str().unwrap();
+        let dir = trace_dir(&format!("slow-start-{name}"), "function_graph");
+        let out = record(&dir, prog, args, &[("LD_AUDIT", &ld_audit)]);
+        assert!(out.status.success(), "{name}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&plain.stdout), "{name}");
     }
 }
 

@@ -336,8 +336,16 @@ pub(crate) fn inside_loader() -> bool {
 /// inside the loader ([`LoaderHeld`]).  Call it holding no lock a thread
 /// inside the loader may want (the engine's, the recorder's state): the
 /// audit module's hook takes them there.
+///
+/// Nor while the program is still starting (`ftramp record` starts its
+/// threads at the audit module's start-up checkpoint, inside the loader's
+/// start-up, which holds no lock): a `dlopen` before the loader has
+/// declared the program's namespace consistent fails glibc's assertion
+/// `r_state == RT_CONSISTENT` and kills the process.  Nothing can be in
+/// progress then but the start-up itself, and the callers' refresh skips
+/// what is not relocated yet.
 pub fn wait_for_loader() {
-    if inside_loader() {
+    if inside_loader() || !namespace_consistent() {
         return;
     }
     // SAFETY: dlopen of the main program (a null name) with RTLD_NOLOAD
@@ -350,6 +358,33 @@ pub fn wait_for_loader() {
             libc::dlclose(h);
         }
     }
+}
+
+/// `struct r_debug` of `<link.h>`, the loader's interface to debuggers.
+#[repr(C)]
+struct RDebug {
+    r_version: libc::c_int,
+    r_map: *mut libc::c_void,
+    r_brk: usize,
+    /// `RT_CONSISTENT` (0), `RT_ADD`, `RT_DELETE`.
+    r_state: libc::c_int,
+    r_ldbase: usize,
+}
+
+extern "C" {
+    /// The program namespace's `r_debug`, defined by the dynamic loader.
+    static _r_debug: RDebug;
+}
+
+/// Whether the program's namespace is consistent (`RT_CONSISTENT`): past
+/// the loader's start-up, and no `dlopen` or `dlclose` is changing it
+/// (those change it only under `dl_load_lock`, so a `dlopen` made after
+/// seeing it consistent waits for them and then finds it consistent too).
+fn namespace_consistent() -> bool {
+    // SAFETY: `_r_debug` is the loader's static object, alive for the
+    // process; `r_state` is an aligned int that the loader writes with
+    // plain stores, read here once, volatile, for a yes/no answer.
+    unsafe { std::ptr::read_volatile(std::ptr::addr_of!(_r_debug.r_state)) == 0 }
 }
 
 /// The main program's program headers (`AT_PHDR`).
