@@ -16,7 +16,7 @@ use ftramp_trace::format::{task_file_name, toml_str, toml_u64, SymLine};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::os::fd::IntoRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -202,8 +202,11 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
                 // (a raw execve system call): mark how it ended.
                 if let Ok(text) = std::fs::read_to_string(&path) {
                     if !text.lines().any(|l| l.starts_with("exit =")) {
+                        let line = b"exit = \"exec\"\n";
                         if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&path) {
-                            let _ = f.write_all(b"exit = \"exec\"\n");
+                            if crate::tracefile::fits_size_limit(f.as_raw_fd(), line.len()) {
+                                let _ = f.write_all(line);
+                            }
                         }
                     }
                 }

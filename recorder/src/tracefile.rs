@@ -18,6 +18,11 @@
 //! * A write that still fails (disk full, the directory removed) is counted,
 //!   with its error, and reported at the end ([`report_failures`]), never
 //!   silently dropped.
+//! * The program's file-size limit (`RLIMIT_FSIZE`, `ulimit -f`) applies to
+//!   the trace files too, and a write past it sends the process `SIGXFSZ`,
+//!   which kills it: a write that would go past it is not made
+//!   ([`fits_size_limit`]) and counts as failed, so that the program runs
+//!   as untraced and the trace ends at whole chunks and lines.
 //!
 //! Everything here is async-signal-safe (system calls and atomics, no
 //! allocation after [`TraceFile::install`]): the crash flush writes from a
@@ -43,6 +48,8 @@ static FAILED_BYTES: AtomicU64 = AtomicU64::new(0);
 static FIRST_ERRNO: AtomicI32 = AtomicI32::new(0);
 /// Events in `.dat` chunks whose write failed.
 static FAILED_EVENTS: AtomicU64 = AtomicU64::new(0);
+/// The file-size limit that kept writes from being made (0: none did).
+static SIZE_LIMIT_HIT: AtomicU64 = AtomicU64::new(0);
 
 impl Default for TraceFile {
     fn default() -> TraceFile {
@@ -107,9 +114,10 @@ impl TraceFile {
     /// Writes all of `bytes` (checked descriptor); a failure is counted.
     pub fn write_all(&self, bytes: &[u8]) -> bool {
         let fd = self.fd();
-        let ok = fd >= 0 && crate::pool::write_all(fd, bytes);
+        let fits = fd < 0 || fits_size_limit(fd, bytes.len());
+        let ok = fd >= 0 && fits && crate::pool::write_all(fd, bytes);
         if !ok {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            let e = if fits { std::io::Error::last_os_error().raw_os_error().unwrap_or(0) } else { libc::EFBIG };
             let _ = FIRST_ERRNO.compare_exchange(0, e, Relaxed, Relaxed);
             FAILED_WRITES.fetch_add(1, Relaxed);
             FAILED_BYTES.fetch_add(bytes.len() as u64, Relaxed);
@@ -146,6 +154,24 @@ fn stat(fd: i32) -> Option<libc::stat> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
+}
+
+/// Whether `len` more bytes at the end of `fd` stay within the process's
+/// file-size limit (always without one); when not, the limit is noted for
+/// [`report_failures`].
+pub fn fits_size_limit(fd: i32, len: usize) -> bool {
+    // SAFETY: getrlimit fills the struct we own.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut rl) } != 0 || rl.rlim_cur == libc::RLIM_INFINITY {
+        return true;
+    }
+    let end = stat(fd).map_or(0, |st| st.st_size.max(0) as u64);
+    let fits = end.saturating_add(len as u64) <= rl.rlim_cur as u64;
+    if !fits {
+        SIZE_LIMIT_HIT.store(rl.rlim_cur as u64, Relaxed);
+    }
+    fits
 }
 
 /// Device and inode of `fd`, or None if it is not open.
@@ -190,6 +216,13 @@ pub fn report_failures(pid: u32) {
             FAILED_EVENTS.load(Relaxed),
             errno_name(errno)
         );
+        let limit = SIZE_LIMIT_HIT.load(Relaxed);
+        if limit > 0 {
+            let _ = writeln!(
+                m,
+                "ftramp record: pid {pid}: the trace files reached the program's file-size limit (RLIMIT_FSIZE, `ulimit -f`) of {limit} bytes: nothing was written past it (which would have killed the program with SIGXFSZ); raise the limit to record everything"
+            );
+        }
         crate::pool::write_all(2, m.bytes());
     }
 }
@@ -261,6 +294,36 @@ mod tests {
         }
         let _ = std::fs::remove_file(&p);
         let _ = std::fs::remove_file(&other);
+    }
+
+    /// In a child process (the limit is the process's, and the other
+    /// tests write files meanwhile): with SIGXFSZ at its default, a write
+    /// past the limit would kill the child.
+    #[test]
+    fn a_write_past_the_file_size_limit_is_not_made() {
+        let (t, p, _) = installed("limit");
+        assert!(t.write_all(&[b'x'; 100]));
+        // SAFETY: (test) fork; the child makes only system calls (no
+        // allocation, no lock) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: (test, child) lowering the child's own limit.
+            unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &libc::rlimit { rlim_cur: 150, rlim_max: libc::RLIM_INFINITY }) };
+            let fits = t.write_all(&[b'y'; 50]);
+            let past = t.write_all(&[b'z'; 60]);
+            let noted = SIZE_LIMIT_HIT.load(Relaxed) == 150;
+            // SAFETY: (test, child) leaving without running the parent's
+            // exit handlers.
+            unsafe { libc::_exit(fits as i32 | (past as i32) << 1 | (noted as i32) << 2) };
+        }
+        let mut status = 0;
+        // SAFETY: (test) waiting for our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the child was killed (SIGXFSZ?): status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0b101, "written up to the limit, refused past it, the limit noted");
+        let text = std::fs::read(&p).unwrap();
+        assert_eq!(text.len(), 150, "nothing of the refused write, not even its first 50 bytes");
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]
