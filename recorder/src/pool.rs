@@ -179,7 +179,10 @@ impl Pool {
             slot.clear();
         }
         STOPPED.store(false, Relaxed);
+        // The parent's losses are the parent's (its threads' slots are
+        // cleared above; those of its exited threads are here).
         LOST_UNSLOTTED.store(0, Relaxed);
+        RETIRED_LOST.store(0, Relaxed);
         if let Some(slot) = keep {
             let b = slot.buf.load(Relaxed);
             slot.clear();

@@ -606,6 +606,11 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
+/// fgraph's process-wide miss counters when this process was forked (0 in
+/// an image that was not): the parent's misses are reported by the parent.
+static MISSES_AT_FORK: AtomicU64 = AtomicU64::new(0);
+static RECURSION_MISSES_AT_FORK: AtomicU64 = AtomicU64::new(0);
+
 /// How the image ended.
 #[derive(Clone, Copy)]
 pub enum Ending {
@@ -628,11 +633,13 @@ fn finish(ending: Ending, tries: u32) -> bool {
     pool::flush_all(&DAT);
     // Events the buffers could not take, and calls left untraced because
     // a shadow stack was full (their entries and exits are lost too).
-    let (dropped, missed) = (pool::lost_total(), fgraph::misses());
+    // (fgraph counts for the process's life: an image forked from another
+    // counts from the fork, see `fork_child`.)
+    let (dropped, missed) = (pool::lost_total(), fgraph::misses().wrapping_sub(MISSES_AT_FORK.load(Relaxed)));
     // And calls made while this thread was inside fgraph or the recorder
     // (a signal handler interrupting a callback): fgraph's recursion guard
     // leaves them untraced.
-    let nested = fgraph::recursion_misses();
+    let nested = fgraph::recursion_misses().wrapping_sub(RECURSION_MISSES_AT_FORK.load(Relaxed));
     // And events whose chunk could not be written (reported below).
     let lost = dropped + 2 * missed + 2 * nested + tracefile::failed_events();
     if let Ending::Exec = ending {
@@ -913,6 +920,9 @@ extern "C" fn fork_child() {
         if let Some(pool) = Pool::get() {
             pool.reset_after_fork(pool::current_slot(), clock::ticks());
         }
+        MISSES_AT_FORK.store(fgraph::misses(), Relaxed);
+        RECURSION_MISSES_AT_FORK.store(fgraph::recursion_misses(), Relaxed);
+        tracefile::reset_after_fork();
         let pid = std::process::id();
         match open_image(pid, Some(parent)) {
             Ok(()) => {

@@ -227,6 +227,15 @@ pub fn report_failures(pid: u32) {
     }
 }
 
+/// A fork child starts with no failed writes: the parent's are reported
+/// by the parent.
+pub fn reset_after_fork() {
+    for c in [&FAILED_WRITES, &FAILED_BYTES, &FAILED_EVENTS, &SIZE_LIMIT_HIT] {
+        c.store(0, Relaxed);
+    }
+    FIRST_ERRNO.store(0, Relaxed);
+}
+
 /// Events lost because their chunk could not be written.
 pub fn failed_events() -> u64 {
     FAILED_EVENTS.load(Relaxed)

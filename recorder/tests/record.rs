@@ -1326,6 +1326,25 @@ fn recursion_deeper_than_the_shadow_stack_is_counted() {
     check_nesting(p);
 }
 
+/// A fork child counts and reports its own losses only: the parent's
+/// (here calls deeper than its shadow stack) were reported again by every
+/// child, and the trace's total multiplied.
+#[test]
+fn a_fork_child_does_not_report_its_parents_losses() {
+    let (dir, out) = record_tracee("deep-fork", "function_graph", &["deep-fork"], &[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let t = open(&dir);
+    assert_eq!(t.processes.len(), 2);
+    let (parent, child) = (&t.processes[0], &t.processes[1]);
+    let (entries, _) = count(&per_function(parent), "rec_deep");
+    assert!(entries > 1000 && entries < 5001, "{entries}");
+    assert_eq!(parent.lost, 2 * (5001 - entries), "the parent's losses");
+    assert_eq!(count(&per_function(child), "rec_child"), (7, 7));
+    assert_eq!(child.lost, 0, "the child lost nothing");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("calls not recorded").count(), 1, "reported once: {stderr}");
+}
+
 #[test]
 fn lost_events_are_counted_and_reported() {
     let b = built();

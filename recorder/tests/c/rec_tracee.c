@@ -649,6 +649,22 @@ int main(int argc, char **argv)
         printf("rec_deep %ld\n", rec_deep(depth) + 1);
         return 0;
     }
+    if (!strcmp(mode, "deep-fork")) {
+        /* Calls the parent cannot record (deeper than a shadow stack),
+         * then a child that records all of its own. */
+        printf("rec_deep %ld\n", rec_deep(5000) + 1);
+        fflush(stdout);
+        pid_t c = fork();
+        if (c == 0) {
+            for (int i = 0; i < 7; i++)
+                rec_child();
+            counts();
+            exit(3);
+        }
+        int st = 0;
+        waitpid(c, &st, 0);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
     if (!strcmp(mode, "segv-threads")) {
         /* Crash on main while two threads call rec_leaf in a loop: each has
          * finished at least 1000 calls by then. */
