@@ -13,7 +13,8 @@
 //! table (`ids.rs`), signal/atfork/exit handlers (`session.rs`), the
 //! exported constructor and early start, the `exec*`/`fexecve`/`posix_spawn*`/`_exit` interposers
 //! (this file and the variadic ones in `execl.rs`), the `dlsym` interposer
-//! (`dlsym.rs`), the trace files' descriptors (`tracefile.rs`), each with
+//! (`dlsym.rs`), the `sigaction`/`signal` interposers (`sigaction.rs`), the
+//! trace files' descriptors (`tracefile.rs`), each with
 //! the reason it is sound.
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -24,6 +25,7 @@ pub mod ids;
 pub mod options;
 pub mod pool;
 pub mod session;
+mod sigaction;
 pub mod startup;
 pub mod tracefile;
 pub mod tracer;

@@ -778,7 +778,7 @@ pub fn exec_failed() {
 /// terminal, a pipe or another process sends (`prog | head` ends `prog`
 /// with SIGPIPE), the timers' and the resource limits'.  (SIGTRAP is the
 /// patcher's; SIGKILL and SIGSTOP cannot be caught.)
-const FATAL: [i32; 18] = [
+pub(crate) const FATAL: [i32; 18] = [
     libc::SIGSEGV,
     libc::SIGBUS,
     libc::SIGILL,
@@ -799,17 +799,20 @@ const FATAL: [i32; 18] = [
     libc::SIGPROF,
 ];
 
-extern "C" fn on_fatal(sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+/// The handler of the [`FATAL`] signals where the program has none, or
+/// asked for the default action ([`crate::sigaction`]).
+pub(crate) extern "C" fn on_fatal(sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     finish(Ending::Signal(sig), 500);
-    // SAFETY: restoring the default action and re-raising: the signal is
+    // SAFETY: sigaction is plain data; all-zero is SIG_DFL.
+    let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+    // Restoring the default action (libc's, not the interposer, which
+    // would install this handler again) and re-raising: the signal is
     // blocked while this handler runs, so it is delivered (and kills the
-    // process the same way) when the handler returns.  All async-signal-safe.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = libc::SIG_DFL;
-        libc::sigaction(sig, &sa, std::ptr::null_mut());
-        libc::raise(sig);
-    }
+    // process the same way) when the handler returns.  All
+    // async-signal-safe.
+    crate::sigaction::real_sigaction(sig, &dfl, std::ptr::null_mut());
+    // SAFETY: raise has no memory arguments.
+    unsafe { libc::raise(sig) };
 }
 
 extern "C" {
@@ -851,22 +854,15 @@ fn install_handlers() {
                 libc::sigaltstack(&ss, std::ptr::null_mut());
             }
         }
+        use crate::sigaction::{flush_action, real_sigaction};
         for sig in FATAL {
             let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
-                || old.sa_sigaction != libc::SIG_DFL
-            {
+            if real_sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
                 continue; // the program (or a library) handles it
             }
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_fatal as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-            // The program's other handlers wait: one nested above this
-            // one would share the alternate stack, and it may call traced
-            // functions while the trace is being finished.
-            libc::sigfillset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
+            real_sigaction(sig, &flush_action(), std::ptr::null_mut());
         }
+        crate::sigaction::stand_in();
     }
 }
 

@@ -257,6 +257,25 @@ NOTRACE static int first_in_handler(int threads)
     return 0;
 }
 
+/* Handlers that clean up, restore the default action and raise the signal
+ * again, to die by it as untraced: through signal() and sigaction(). */
+__attribute__((noinline)) void rec_reraise_signal(int sig)
+{
+    rec_before();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+__attribute__((noinline)) void rec_reraise_sigaction(int sig)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    rec_before();
+    sigaction(sig, &sa, NULL);
+    raise(sig);
+}
+
 static void counts(void)
 {
     printf("rec_fib %ld\nrec_leaf %ld\nrec_worker %ld\nrec_spin %ld\nrec_quick %ld\nrec_slow %ld\n"
@@ -647,6 +666,20 @@ int main(int argc, char **argv)
         /* Recursion deeper than a shadow stack holds. */
         long depth = argc > 2 ? atol(argv[2]) : 5000;
         printf("rec_deep %ld\n", rec_deep(depth) + 1);
+        return 0;
+    }
+    if (!strcmp(mode, "reraise-signal") || !strcmp(mode, "reraise-sigaction")) {
+        /* What the program sees of SIGTERM's default action, then its own
+         * handler, which dies by SIGTERM. */
+        struct sigaction old;
+        sigaction(SIGTERM, NULL, &old);
+        printf("sigterm_default %d\n", old.sa_handler == SIG_DFL && old.sa_flags == 0);
+        signal(SIGTERM, !strcmp(mode, "reraise-signal") ? rec_reraise_signal : rec_reraise_sigaction);
+        for (int i = 0; i < 10; i++)
+            rec_after();
+        counts();
+        fflush(stdout);
+        raise(SIGTERM);
         return 0;
     }
     if (!strcmp(mode, "deep-fork")) {
