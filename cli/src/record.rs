@@ -9,6 +9,7 @@ use ftramp_trace::format::{parse_duration_ns, parse_size, toml_str, toml_u64};
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,6 +49,11 @@ pub struct RecordArgs {
     /// Buffers in the pool all threads share (default 1024: each live thread holds one; memory is used as buffers fill).
     #[arg(long, value_name = "N")]
     buffers: Option<usize>,
+    /// Return when PROG ends, not when the last of its processes does (by default
+    /// `ftramp record` waits for the processes PROG left running, as `strace -f`;
+    /// with this, they go on recording into DIR after it returns).
+    #[arg(long)]
+    no_wait: bool,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -336,9 +342,23 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // than SIG_IGN: exec resets handlers, so the program starts with the
     // default actions.)
     catch_terminal_signals();
+    // Processes the program leaves running (a background job, a daemon)
+    // become ours when their parent ends, so that we can wait for them.
+    // SAFETY: prctl with integer arguments; not inherited by the child.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let status = cmd
         .status()
         .with_context(|| format!("running {}", prog.display()))?;
+    let left_running = !reap_ended_descendants();
+    if left_running && !a.no_wait {
+        let running = still_running(&dir);
+        eprintln!(
+            "ftramp record: {} ended; waiting for the processes it left running{} (--no-wait not to)",
+            prog.display(),
+            if running.is_empty() { String::new() } else { format!(" ({})", pid_list(&running)) }
+        );
+        wait_for_descendants();
+    }
     let c = calibrating.finish();
     let calibration = format!(
         "\n# The clock calibration over the whole run, which readers use for every process\n\
@@ -381,10 +401,19 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         }
         _ => 1,
     };
-    for (pid, n) in &summary.unfinished {
+    let running = if left_running && a.no_wait { still_running(&dir) } else { Vec::new() };
+    for (pid, n) in summary.unfinished.iter().filter(|(pid, _)| !running.contains(pid)) {
         eprintln!(
             "ftramp record: pid {pid} (image {n}) ended without the recorder seeing it end (SIGKILL, or an \
              exit system call made directly): the events still in its buffers are lost, and not counted"
+        );
+    }
+    if left_running && a.no_wait {
+        eprintln!(
+            "ftramp record: processes {} left running are still recording into {}{} (the counts below are of now)",
+            prog.display(),
+            a.output.display(),
+            if running.is_empty() { String::new() } else { format!(": {}", pid_list(&running)) }
         );
     }
     eprintln!(
@@ -399,6 +428,68 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         }
     );
     Ok(code)
+}
+
+/// The processes of the trace in `dir` that have not ended: images
+/// without an `exit` line whose process exists and records into `dir`
+/// (its environment names it: a pid reused by another process is not
+/// taken for one of ours).
+fn still_running(dir: &Path) -> Vec<u32> {
+    let mut pids: Vec<u32> = summarize(dir)
+        .unfinished
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0).any(|v| {
+                    v.strip_prefix(format!("{}=", env::DIR).as_bytes())
+                        .is_some_and(|d| Path::new(std::ffi::OsStr::from_bytes(d)) == dir)
+                })
+            }) && !is_zombie(*pid)
+        })
+        .collect();
+    pids.dedup();
+    pids
+}
+
+/// Whether `pid` has ended and waits to be reaped.
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true)
+}
+
+fn pid_list(pids: &[u32]) -> String {
+    let names: Vec<String> = pids.iter().map(|p| format!("pid {p}")).collect();
+    names.join(", ")
+}
+
+/// Reaps the descendants that have ended; true when none is left.
+fn reap_ended_descendants() -> bool {
+    loop {
+        let mut st = 0;
+        // SAFETY: waitpid fills the status we own.
+        match unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) } {
+            0 => return false,
+            r if r > 0 => continue,
+            _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => continue,
+            _ => return true, // ECHILD
+        }
+    }
+}
+
+/// Reaps every descendant (they are ours once orphaned, as the subreaper)
+/// until none is left.
+fn wait_for_descendants() {
+    loop {
+        let mut st = 0;
+        // SAFETY: waitpid fills the status we own.
+        let r = unsafe { libc::waitpid(-1, &mut st, 0) };
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return; // ECHILD: none left
+        }
+    }
 }
 
 /// While the program runs: SIGINT and SIGQUIT do nothing to `ftramp record`

@@ -460,3 +460,34 @@ fn ctrl_c_ends_the_program_and_the_trace_is_finished() {
     let info = std::fs::read_to_string(d.join("info")).unwrap();
     assert!(info.contains("[calibration]\nticks_per_sec = "), "{info}");
 }
+
+/// A program that leaves a process running (a shell's background job) is
+/// waited for, as `strace -f` does: `ftramp record` returns with every
+/// image of the trace ended (before, it returned at once, said the job
+/// "ended without the recorder seeing it end" and counted the images of
+/// that moment, while the job went on writing into the trace).  With
+/// `--no-wait` it returns when the program ends and names the processes
+/// still recording.
+#[test]
+fn processes_the_program_leaves_running_are_waited_for() {
+    let script = format!("(sleep 0.3; exec {} threads > /dev/null) & echo started", tracee().display());
+    let d = dir("background");
+    let o = record(&d, &[], Path::new("/bin/sh"), &["-c", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("waiting for the processes it left running"), "{err}");
+    assert!(!err.contains("ended without"), "{err}");
+    let t = Trace::open(&d).unwrap();
+    let job = t.processes.iter().find(|p| p.symbols.iter().any(|s| s.name == "rec_fib")).expect("the job's image");
+    assert_eq!(job.exit.as_deref(), Some("code 0"), "recorded to its end");
+    assert!(t.processes.iter().all(|p| p.exit.is_some()), "every image ended");
+
+    let d = dir("background-no-wait");
+    let o = record(&d, &["--no-wait"], Path::new("/bin/sh"), &["-c", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("left running are still recording into"), "{err}");
+    assert!(!err.contains("waiting for") && !err.contains("ended without"), "{err}");
+    // (The job ends on its own.)
+    std::thread::sleep(std::time::Duration::from_millis(800));
+}
