@@ -829,6 +829,10 @@ fn install_handlers() {
     unsafe {
         on_exit(at_exit, std::ptr::null_mut());
         at_quick_exit(at_quick_exit_handler);
+        // The runtime's first: its prepare handler, which waits for calls
+        // into the loader to end, then runs after ours (and the locks ours
+        // takes).
+        ftramp_runtime::sites::install_fork_handlers();
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
         // An alternate stack for the main thread, so a stack overflow can
         // still be flushed.

@@ -200,6 +200,8 @@ pub fn refresh_if_modules_changed() {
     if grace::dispatch_depth() > 0 || (crate::sites::loader_generation() == seen() && !HOOKS_PENDING.load(Relaxed)) {
         return;
     }
+    // (Its locks are not held across a fork.)
+    let _section = crate::sites::ForkSection::enter();
     // A dlopen in progress finishes first (the audit module's hook, inside
     // it, may be handling its objects), so that this thread neither holds
     // the engine while it waits for the loader nor runs module hooks on

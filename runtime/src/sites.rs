@@ -308,7 +308,8 @@ pub struct Discovery {
     subs: Option<u64>,
 }
 
-pub use loaded::{wait_for_loader, LoaderHeld};
+pub(crate) use loaded::ForkSection;
+pub use loaded::{install_fork_handlers, wait_for_loader, LoaderHeld};
 
 /// The loader's counters of objects ever loaded and unloaded
 /// (`dlpi_adds`, `dlpi_subs`): they change with every `dlopen`/`dlclose`.

@@ -730,6 +730,38 @@ int main(int argc, char **argv)
         rec_abort();
         return 0;
     }
+    if (!strcmp(mode, "dlopen-then-fork")) {
+        /* N times: load a library, fork soon after (while the runtime may
+         * be handling it on another thread); the child looks a symbol up
+         * and calls a traced function.  A child that has not ended after
+         * 3 s is counted as hung and killed. */
+        long n = atol(argv[3]), hung = 0;
+        for (long i = 0; i < n; i++) {
+            void *h = open_or_exit(argv[2]);
+            for (long d = 0; d < (i % 7) * 300; d++)
+                rec_leaf(d);
+            pid_t c = fork();
+            if (c == 0) {
+                if (!dlsym(RTLD_DEFAULT, "printf"))
+                    _exit(4);
+                rec_child();
+                _exit(0);
+            }
+            int st = 0, k;
+            for (k = 0; k < 300 && waitpid(c, &st, WNOHANG) != c; k++)
+                usleep(10000);
+            if (k == 300) {
+                hung++;
+                kill(c, SIGKILL);
+                waitpid(c, &st, 0);
+            } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                printf("child_failed %d\n", st);
+            }
+            dlclose(h);
+        }
+        printf("hung %ld\n", hung);
+        return 0;
+    }
     if (!strcmp(mode, "fork-dlopen")) {
         /* A fork child loads a library (as a pre-forked worker does). */
         rec_before();

@@ -23,6 +23,7 @@
 
 use std::ffi::CStr;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{Relaxed, SeqCst}};
 
 /// One program header of a loaded object, as the loader reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +156,7 @@ impl Live<'_> {
 /// for a `dlopen` costs one short call (the module watcher every 10 ms,
 /// the recorder's `dlsym`).
 pub(crate) fn generation() -> (u64, u64) {
+    let _section = ForkSection::enter();
     /// # Safety
     /// Only as `dl_iterate_phdr`'s callback, with `data` the `Option` below.
     unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, size: usize, data: *mut libc::c_void) -> libc::c_int {
@@ -179,6 +181,7 @@ pub(crate) fn generation() -> (u64, u64) {
 /// module documentation for what `f` must not do).  A panic in `f` is
 /// carried across the C callback and resumed here.
 pub(crate) fn with_loaded<F: FnOnce(&LoadedSet) -> R, R>(f: F) -> R {
+    let _section = ForkSection::enter();
     struct Outer<F, R> {
         f: Option<F>,
         result: Option<std::thread::Result<R>>,
@@ -290,7 +293,7 @@ fn collect() -> LoadedSet {
 /// at a time, under its lock; it is not a thread-local, so that reading it
 /// never goes through `__tls_get_addr` (which a sanitizer runtime
 /// intercepts, and cannot serve early in a process).
-static LOADER_THREAD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static LOADER_THREAD: AtomicUsize = AtomicUsize::new(0);
 
 fn this_thread() -> usize {
     // SAFETY: pthread_self has no preconditions.
@@ -315,19 +318,19 @@ impl LoaderHeld {
     /// where the loader calls this thread in the middle of a `dlopen` (an
     /// audit module's `la_activity`).
     pub fn enter() -> LoaderHeld {
-        LoaderHeld(LOADER_THREAD.swap(this_thread(), std::sync::atomic::Ordering::SeqCst))
+        LoaderHeld(LOADER_THREAD.swap(this_thread(), SeqCst))
     }
 }
 
 impl Drop for LoaderHeld {
     fn drop(&mut self) {
-        LOADER_THREAD.store(self.0, std::sync::atomic::Ordering::SeqCst);
+        LOADER_THREAD.store(self.0, SeqCst);
     }
 }
 
 /// Whether the calling thread is inside a `dlopen` (see [`LoaderHeld`]).
 pub(crate) fn inside_loader() -> bool {
-    LOADER_THREAD.load(std::sync::atomic::Ordering::SeqCst) == this_thread()
+    LOADER_THREAD.load(SeqCst) == this_thread()
 }
 
 /// Returns once no `dlopen` or `dlclose` is in progress on another thread
@@ -348,6 +351,7 @@ pub fn wait_for_loader() {
     if inside_loader() || !namespace_consistent() {
         return;
     }
+    let _section = ForkSection::enter();
     // SAFETY: dlopen of the main program (a null name) with RTLD_NOLOAD
     // loads nothing and runs no constructor (an object already open is
     // only counted); its handle is closed at once, and the main program is
@@ -358,6 +362,101 @@ pub fn wait_for_loader() {
             libc::dlclose(h);
         }
     }
+}
+
+/// A section of the runtime's that takes locks a `fork` child must not
+/// find held: calls into the loader (`dl_iterate_phdr`, the `dlopen` of
+/// [`wait_for_loader`]) and the work around them (refreshing the engine
+/// after a `dlopen`, the module hooks, which take the engine's, fgraph's
+/// and the unwinder's locks).
+///
+/// `dl_iterate_phdr` holds the loader's `dl_load_write_lock`, which glibc
+/// does not reset in a fork child, and the runtime's own locks are plain
+/// mutexes: a program thread's `fork` while the module watcher (or the
+/// recorder's writer, or another thread's `dlsym` check) was inside one
+/// gave a child whose first `dl_iterate_phdr` or module refresh — its own
+/// writer's, its `dlsym` check's, an exception's — waited for good (1–2 %
+/// of the forks that follow a `dlopen`, seen with CPython's `subprocess`).
+/// So the runtime's prepare handler ([`fork_prepare`], registered before
+/// the recorder's, so that it runs after it and after every lock the
+/// recorder's takes) waits until no section is in progress and keeps new
+/// ones waiting until the fork is done.  Sections nest: a thread already
+/// inside one goes on.  No thread-local (a sanitizer runtime serves
+/// `__tls_get_addr` late): the holders are `pthread_self` values in a few
+/// slots.  If sections do not drain within a second (one waiting for
+/// something the forking thread holds) the fork goes ahead as before.
+pub(crate) struct ForkSection {
+    slot: Option<usize>,
+}
+
+const FORK_SECTION_SLOTS: usize = 16;
+static FORK_SECTIONS: [AtomicUsize; FORK_SECTION_SLOTS] = [const { AtomicUsize::new(0) }; FORK_SECTION_SLOTS];
+/// A `fork` is between its prepare handler and its return.
+static FORKING: AtomicBool = AtomicBool::new(false);
+
+impl ForkSection {
+    pub(crate) fn enter() -> ForkSection {
+        install_fork_handlers();
+        let me = this_thread();
+        if FORK_SECTIONS.iter().any(|c| c.load(SeqCst) == me) {
+            return ForkSection { slot: None };
+        }
+        loop {
+            if !FORKING.load(SeqCst) {
+                let slot = FORK_SECTIONS.iter().position(|c| c.compare_exchange(0, me, SeqCst, Relaxed).is_ok());
+                if let Some(i) = slot {
+                    // (Seen by `fork_prepare`, or it is seen here.)
+                    if !FORKING.load(SeqCst) {
+                        return ForkSection { slot: Some(i) };
+                    }
+                    FORK_SECTIONS[i].store(0, SeqCst);
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+}
+
+impl Drop for ForkSection {
+    fn drop(&mut self) {
+        if let Some(i) = self.slot {
+            FORK_SECTIONS[i].store(0, SeqCst);
+        }
+    }
+}
+
+/// Registers [`fork_prepare`] and its parent and child handlers (see
+/// [`ForkSection`]), once.
+/// The recorder calls it before registering its own, so that this one's
+/// prepare runs after the recorder's (prepare handlers run in the reverse
+/// order of registration).
+pub fn install_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers handlers that live as long as the process (the
+        // runtime is never unloaded while it has threads).
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    });
+}
+
+extern "C" fn fork_prepare() {
+    FORKING.store(true, SeqCst);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while FORK_SECTIONS.iter().any(|c| c.load(SeqCst) != 0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
+extern "C" fn fork_parent() {
+    FORKING.store(false, SeqCst);
+}
+
+extern "C" fn fork_child() {
+    // The other threads, and their calls, are gone.
+    for c in &FORK_SECTIONS {
+        c.store(0, SeqCst);
+    }
+    FORKING.store(false, SeqCst);
 }
 
 /// `struct r_debug` of `<link.h>`, the loader's interface to debuggers.
