@@ -629,6 +629,57 @@ fn finish(ending: Ending, tries: u32) -> bool {
     if PID.load(Relaxed) != pid || FINISHED.swap(true, SeqCst) {
         return false;
     }
+    FINISH_DONE.store(false, SeqCst);
+    FINISHING.store(this_thread(), SeqCst);
+    finish_image(pid, ending, tries);
+    FINISHING.store(0, SeqCst);
+    FINISH_DONE.store(true, SeqCst);
+    // A process-ending signal that came on this thread meanwhile was
+    // held back by its handler: the trace is complete, the process ends.
+    let sig = DEFERRED_SIGNAL.swap(0, SeqCst);
+    if sig != 0 {
+        end_by(sig);
+    }
+    true
+}
+
+/// The thread running [`finish`] (`pthread_self`; 0: none), whether the
+/// last one has completed, and a signal its thread's handler held back
+/// ([`on_fatal`]): a SIGTERM that came while a process wrote its trace at
+/// exit killed it half-way, with no `exit` line and events unwritten.
+static FINISHING: AtomicUsize = AtomicUsize::new(0);
+static FINISH_DONE: AtomicBool = AtomicBool::new(false);
+static DEFERRED_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+fn this_thread() -> usize {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as usize }
+}
+
+/// Ends the process by `sig` once its trace is complete: notes it in the
+/// `.info` (the last `exit` line is the one readers take), restores the
+/// default action (libc's, not the interposer) and raises it.
+/// Async-signal-safe.
+fn end_by(sig: i32) -> ! {
+    let mut b = StackBuf::new();
+    let _ = writeln!(b, "exit = \"signal {sig} ({})\"", signal_name(sig));
+    INFO.write_all(b.bytes());
+    // SAFETY: sigaction is plain data; all-zero is SIG_DFL.
+    let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+    crate::sigaction::real_sigaction(sig, &dfl, std::ptr::null_mut());
+    // SAFETY: unblocking and raising `sig`: the default action ends the
+    // process (all async-signal-safe).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+        libc::_exit(128 + sig)
+    }
+}
+
+fn finish_image(pid: u32, ending: Ending, tries: u32) {
     let locked = IO_LOCK.lock_for(tries);
     pool::flush_all(&DAT);
     // Events the buffers could not take, and calls left untraced because
@@ -686,7 +737,6 @@ fn finish(ending: Ending, tries: u32) -> bool {
     // Keep the I/O lock: nothing is written after the final flush (an exec
     // that fails gives it back).
     let _ = locked;
-    true
 }
 
 /// `on_exit` handler: the program's exit status is known here.
@@ -801,8 +851,36 @@ pub(crate) const FATAL: [i32; 18] = [
 
 /// The handler of the [`FATAL`] signals where the program has none, or
 /// asked for the default action ([`crate::sigaction`]).
-pub(crate) extern "C" fn on_fatal(sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    finish(Ending::Signal(sig), 500);
+pub(crate) extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: getpid cannot fail.
+    let ours = PID.load(Relaxed) == unsafe { libc::getpid() } as u32;
+    if !finish(Ending::Signal(sig), 500) && ours && !FINISH_DONE.load(SeqCst) && FINISHED.load(SeqCst) {
+        // The trace is being finished (at exit, before an exec, or for an
+        // earlier signal).
+        if FINISHING.load(SeqCst) == this_thread() {
+            // Under this handler: it can only complete once the handler
+            // returns.  A signal sent to the process is held back until
+            // then ([`finish`] raises it); a fault in the recorder's own
+            // code would come back at once, and ends the process now.
+            // SAFETY: the kernel's siginfo for this delivery (SA_SIGINFO).
+            let sent = info.is_null() || unsafe { (*info).si_code } <= 0;
+            if sent || !matches!(sig, libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE) {
+                DEFERRED_SIGNAL.store(sig, SeqCst);
+                return;
+            }
+        } else {
+            // On another thread: let it complete (at most 2 s), then end.
+            for _ in 0..20_000 {
+                if FINISH_DONE.load(SeqCst) {
+                    break;
+                }
+                let ts = libc::timespec { tv_sec: 0, tv_nsec: 100_000 };
+                // SAFETY: nanosleep of a local timespec; async-signal-safe.
+                unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+            }
+            end_by(sig);
+        }
+    }
     // SAFETY: sigaction is plain data; all-zero is SIG_DFL.
     let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
     // Restoring the default action (libc's, not the interposer, which
@@ -878,11 +956,47 @@ thread_local! {
     static FORK_GUARD: std::cell::RefCell<Option<MutexGuard<'static, Option<State>>>> = const { std::cell::RefCell::new(None) };
 }
 
+thread_local! {
+    /// The signal mask of a forking thread, restored after the fork (see
+    /// [`block_sent_signals`]).
+    static FORK_MASK: std::cell::Cell<Option<libc::sigset_t>> = const { std::cell::Cell::new(None) };
+}
+
+/// Blocks the signals that end a process by being sent (not the faults)
+/// on the forking thread until the fork is done: the child starts with
+/// them blocked and takes them once its image exists.  A child killed
+/// within milliseconds of its fork (a SIGTERM from its parent) was missing
+/// from the trace or left empty files: the signal came before the child's
+/// image was set up, or while it was being written.
+fn block_sent_signals() {
+    // SAFETY: sigset operations on locals; pthread_sigmask of this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in FATAL.iter().filter(|s| !matches!(**s, libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGSYS)) {
+            libc::sigaddset(&mut set, *sig);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) == 0 {
+            let _ = FORK_MASK.try_with(|m| m.set(Some(old)));
+        }
+    }
+}
+
+/// Restores the mask [`block_sent_signals`] saved.
+fn restore_fork_mask() {
+    if let Some(old) = FORK_MASK.try_with(|m| m.take()).ok().flatten() {
+        // SAFETY: restoring this thread's own saved mask.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    }
+}
+
 extern "C" fn fork_prepare() {
     let _ = std::panic::catch_unwind(|| {
         if PID.load(Relaxed) == 0 {
             return;
         }
+        block_sent_signals();
         let g = state();
         let _ = FORK_GUARD.try_with(|f| *f.borrow_mut() = Some(g));
         // No chunk half written when the child copies the pool (after the
@@ -904,6 +1018,7 @@ extern "C" fn fork_parent() {
             IO_LOCK.unlock();
         }
         let _ = FORK_GUARD.try_with(|f| f.borrow_mut().take());
+        restore_fork_mask();
     });
 }
 
@@ -940,5 +1055,7 @@ extern "C" fn fork_child() {
                 say(&format!("fork child {pid}: {e}; not recorded"));
             }
         }
+        // A signal sent meanwhile is taken now, with the image set up.
+        restore_fork_mask();
     });
 }

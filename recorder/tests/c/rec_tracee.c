@@ -730,6 +730,43 @@ int main(int argc, char **argv)
         rec_abort();
         return 0;
     }
+    if (!strcmp(mode, "kill-children")) {
+        /* N children, each sent SIGTERM by the parent: "at-start" at once
+         * after the fork (the child would sleep a second), "at-exit" as it
+         * ends (after it said so through a pipe, while it writes its
+         * trace).  Prints how many ended by the signal. */
+        int at_exit = !strcmp(argv[2], "at-exit");
+        long n = atol(argv[3]), by_signal = 0;
+        for (long i = 0; i < n; i++) {
+            int p[2];
+            if (pipe(p) != 0)
+                return 2;
+            pid_t c = fork();
+            if (c == 0) {
+                close(p[0]);
+                for (int k = 0; k < 200; k++)
+                    rec_child();
+                if (at_exit) {
+                    if (write(p[1], "x", 1) != 1)
+                        _exit(5);
+                    _exit(0);
+                }
+                sleep(1);
+                _exit(0);
+            }
+            close(p[1]);
+            char x;
+            if (at_exit && read(p[0], &x, 1) != 1)
+                return 3;
+            close(p[0]);
+            kill(c, SIGTERM);
+            int st = 0;
+            waitpid(c, &st, 0);
+            by_signal += WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM;
+        }
+        printf("children %ld\n", n);
+        return 0;
+    }
     if (!strcmp(mode, "dlopen-then-fork")) {
         /* N times: load a library, fork soon after (while the runtime may
          * be handling it on another thread); the child looks a symbol up
