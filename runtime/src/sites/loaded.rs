@@ -442,7 +442,16 @@ pub fn install_fork_handlers() {
 extern "C" fn fork_prepare() {
     FORKING.store(true, SeqCst);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    while FORK_SECTIONS.iter().any(|c| c.load(SeqCst) != 0) && std::time::Instant::now() < deadline {
+    // (A section of this thread's own — a signal handler forking on top of
+    // it — cannot end before the fork: not waited for.)
+    let me = this_thread();
+    let busy = || {
+        FORK_SECTIONS.iter().any(|c| {
+            let h = c.load(SeqCst);
+            h != 0 && h != me
+        })
+    };
+    while busy() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_micros(100));
     }
 }
