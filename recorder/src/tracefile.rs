@@ -83,7 +83,7 @@ impl TraceFile {
     /// Makes `fd`, moved to a high number, this file's descriptor, with its
     /// identity; returns the previous descriptor and the new one.
     fn adopt(&self, fd: i32) -> (i32, i32) {
-        let fd = move_high(fd);
+        let fd = ftramp_runtime::thread::move_fd_high(fd);
         let (dev, ino) = identity(fd).unwrap_or((0, 0));
         self.dev.store(dev, Relaxed);
         self.ino.store(ino, Relaxed);
@@ -179,30 +179,6 @@ fn identity(fd: i32) -> Option<(u64, u64)> {
     stat(fd).map(|st| (st.st_dev, st.st_ino))
 }
 
-/// The lowest number trace files are moved to: three quarters of the
-/// descriptor limit, at most 768 (a higher number would make the kernel
-/// grow every process's descriptor table to it).
-fn high_base() -> i32 {
-    // SAFETY: getrlimit fills the struct we own.
-    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 { rl.rlim_cur } else { 1024 };
-    (soft.min(1024) * 3 / 4).max(3) as i32
-}
-
-/// `fd` moved to the first free number at or above [`high_base`], closed
-/// at its old number; `fd` itself if that fails (no free number there).
-fn move_high(fd: i32) -> i32 {
-    // SAFETY: duplicating a descriptor we own.
-    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_base()) };
-    if high < 0 {
-        return fd;
-    }
-    // SAFETY: closing our own low duplicate.
-    unsafe { libc::close(fd) };
-    high
-}
-
 /// The end-of-image report of trace writes that failed (async-signal-safe:
 /// a fixed buffer, no allocation).
 pub fn report_failures(pid: u32) {
@@ -282,7 +258,7 @@ mod tests {
     #[test]
     fn opens_high_and_survives_the_program_closing_it() {
         let (t, p, fd) = installed("a");
-        assert!(fd >= high_base(), "{fd}");
+        assert!(fd >= ftramp_runtime::thread::high_fd_base(), "{fd}");
         assert!(t.write_all(b"one\n"));
         // The program closes it and opens a file of its own at that number.
         let other = temp("other");

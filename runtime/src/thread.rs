@@ -431,6 +431,9 @@ where
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
         old
     };
+    // The main thread's stat file is opened now, while the program is
+    // (for the recorder) not running yet (see `main_thread_state`).
+    let _ = main_thread_state();
     let r = std::thread::Builder::new().name(name.into()).spawn(move || {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
@@ -456,6 +459,85 @@ pub fn is_helper() -> bool {
 /// (and whose tids a thread of the child may get once they are gone).
 static HELPERS: std::sync::Mutex<Vec<(u32, i32)>> = std::sync::Mutex::new(Vec::new());
 
+/// The lowest number the runtime's and the recorder's long-lived
+/// descriptors are moved to: three quarters of the descriptor limit, at
+/// most 768 (a higher number would make the kernel grow every process's
+/// descriptor table to it), so that the program's own `open`s return the
+/// numbers they return untraced.
+pub fn high_fd_base() -> i32 {
+    // SAFETY: getrlimit fills the struct we own.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 { rl.rlim_cur } else { 1024 };
+    (soft.min(1024) * 3 / 4).max(3) as i32
+}
+
+/// `fd` moved to the first free number at or above [`high_fd_base`]
+/// (close-on-exec), closed at its old number; `fd` itself if that fails
+/// (no free number there).
+pub fn move_fd_high(fd: i32) -> i32 {
+    // SAFETY: duplicating a descriptor the caller owns.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_fd_base()) };
+    if high < 0 {
+        return fd;
+    }
+    // SAFETY: closing the caller's own low duplicate.
+    unsafe { libc::close(fd) };
+    high
+}
+
+/// The main thread's state letter (`R`, `S`, `Z`, …) from its `/proc`
+/// stat file, kept open at a high descriptor and read with `pread`: the
+/// helpers look every 50 ms, and opening the file each time took the
+/// program's lowest free descriptor for a moment — a program that had just
+/// closed one and was about to `dup2` onto it or open a file there got
+/// `EBUSY` or another number (bash's process substitutions failed one time
+/// in a thousand).  The file is opened once, when the first helper starts
+/// (before `main` for the recorder), and again only in a fork child or if
+/// the program closed it; what is read must begin with the process's pid.
+fn main_thread_state() -> Option<u8> {
+    static FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+    static FD_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let pid = std::process::id();
+    let mut buf = [0u8; 512];
+    // The file's text, read again (`pread` moves no file offset, should
+    // the number be the program's by now).
+    let read = |fd: i32, buf: &mut [u8; 512]| {
+        // SAFETY: pread into a buffer we own, of at most its length.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+        n.max(0) as usize
+    };
+    let mut fd = FD.load(Relaxed);
+    let owner = FD_PID.load(Relaxed);
+    if fd < 0 || owner != pid {
+        if fd >= 0 && read(fd, &mut buf) > 0 && buf.starts_with(format!("{owner} (").as_bytes()) {
+            // The parent's, inherited by this fork child.
+            // SAFETY: closing our own descriptor (its text says so).
+            unsafe { libc::close(fd) };
+        }
+        let path = std::ffi::CString::new(format!("/proc/self/task/{pid}/stat")).ok()?;
+        // SAFETY: open of a NUL-terminated path; the descriptor is ours.
+        let new = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if new < 0 {
+            return None;
+        }
+        fd = move_fd_high(new);
+        FD.store(fd, Relaxed);
+        FD_PID.store(pid, Relaxed);
+    }
+    let n = read(fd, &mut buf);
+    let text = &buf[..n];
+    if !text.starts_with(format!("{pid} (").as_bytes()) {
+        // Closed by the program (its number may be another file now):
+        // opened again next time.
+        FD.store(-1, Relaxed);
+        return None;
+    }
+    // The state follows the parenthesised command name.
+    let after = text.iter().rposition(|&b| b == b')')?;
+    text[after + 1..].iter().copied().find(|b| !b.is_ascii_whitespace())
+}
+
 /// Ends the process with `exit(0)` when the program's threads are all gone
 /// but the helpers keep it alive: its main thread called `pthread_exit`
 /// and the others ended since. glibc ends a process with `exit(0)` when
@@ -474,12 +556,7 @@ pub fn exit_if_only_helpers_remain() {
         return;
     }
     let pid = std::process::id();
-    let stat = match std::fs::read_to_string(format!("/proc/self/task/{pid}/stat")) {
-        Ok(s) => s,
-        Err(_) => return,
-    };
-    // The state follows the parenthesised command name.
-    if stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) != Some("Z") {
+    if main_thread_state() != Some(b'Z') {
         return;
     }
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return };

@@ -730,6 +730,38 @@ int main(int argc, char **argv)
         rec_abort();
         return 0;
     }
+    if (!strcmp(mode, "fd-reuse")) {
+        /* For a number of seconds: free descriptor 3, then dup2 onto it a
+         * pipe that holds one byte, read the byte back, close.  Another
+         * thread taking the lowest free descriptor meanwhile makes dup2
+         * fail (EBUSY), or the read find nothing. */
+        long secs = atol(argv[2]), rounds = 0, busy = 0, bad = 0;
+        time_t end = time(NULL) + secs;
+        while (time(NULL) < end) {
+            for (int k = 0; k < 1000; k++, rounds++) {
+                int p[2];
+                char c;
+                if (pipe(p) != 0 || write(p[1], "x", 1) != 1)
+                    return 2;
+                close(p[1]);
+                dup2(p[0], 10);
+                close(p[0]);
+                if (dup2(10, 3) != 3) {
+                    busy++;
+                    close(10);
+                    continue;
+                }
+                close(10);
+                if (read(3, &c, 1) != 1 || c != 'x')
+                    bad++;
+                close(3);
+                rec_leaf(k);
+            }
+        }
+        printf("fd_reuse_failures %ld\n", busy + bad);
+        fprintf(stderr, "%ld rounds\n", rounds);
+        return 0;
+    }
     if (!strcmp(mode, "kill-children")) {
         /* N children, each sent SIGTERM by the parent: "at-start" at once
          * after the fork (the child would sleep a second), "at-exit" as it
