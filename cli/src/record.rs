@@ -493,12 +493,23 @@ fn wait_for_descendants() {
 }
 
 /// While the program runs: SIGINT and SIGQUIT do nothing to `ftramp record`
-/// itself (the program, in the same process group, gets them too).
+/// itself (the program, in the same process group, gets them too).  Where
+/// they are ignored already (a job started with `&` by a shell without job
+/// control, `trap '' INT`), they stay ignored: the program inherits that
+/// across exec, as it would untraced (a handler would reset to the default
+/// action there, and Ctrl-C would then end a program meant to ignore it).
 fn catch_terminal_signals() {
     extern "C" fn ignore(_: libc::c_int) {}
     for sig in [libc::SIGINT, libc::SIGQUIT] {
-        // SAFETY: installs an async-signal-safe handler that does nothing.
-        unsafe { libc::signal(sig, ignore as *const () as libc::sighandler_t) };
+        // SAFETY: queries, then (unless ignored) installs an
+        // async-signal-safe handler that does nothing.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
+                continue;
+            }
+            libc::signal(sig, ignore as *const () as libc::sighandler_t);
+        }
     }
 }
 

@@ -491,3 +491,33 @@ fn processes_the_program_leaves_running_are_waited_for() {
     // (The job ends on its own.)
     std::thread::sleep(std::time::Duration::from_millis(800));
 }
+
+/// SIGINT and SIGQUIT ignored where `ftramp record` starts (a shell's `&`
+/// job without job control, `trap '' INT`) stay ignored in the program, as
+/// without the recorder: its own handler for them, installed over the
+/// ignore, turned into the default action at exec, and Ctrl-C then ended
+/// a program meant to ignore it.  Not ignored, they stay at the default.
+#[test]
+fn ignored_terminal_signals_stay_ignored_in_the_program() {
+    use std::os::unix::process::CommandExt;
+    for ignored in [true, false] {
+        let d = dir(&format!("dispositions-{ignored}"));
+        let mut c = ftramp();
+        c.arg("record").arg("-o").arg(&d).arg("--").arg(tracee()).arg("dispositions");
+        if ignored {
+            // SAFETY: (test) signal() between fork and exec is
+            // async-signal-safe.
+            unsafe {
+                c.pre_exec(|| {
+                    libc::signal(libc::SIGINT, libc::SIG_IGN);
+                    libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+                    Ok(())
+                });
+            }
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let want = format!("sigint_ignored {}\nsigquit_ignored {}\n", ignored as u8, ignored as u8);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), want);
+    }
+}

@@ -251,6 +251,9 @@ fn unavailable_under_qemu(test: &str, why: &str) -> bool {
     q
 }
 
+/// Why the tests whose fork children record cannot run under qemu-user.
+const FORK_UNDER_QEMU: &str = "qemu-user 7.2 aborts in a forked child of a multi-threaded process that starts a thread";
+
 /// Why the exec tests cannot run under qemu-user.
 const EXEC_UNDER_QEMU: &str = "an exec of a foreign-arch program needs binfmt_misc";
 
@@ -785,10 +788,7 @@ fn fork_child_is_its_own_process() {
     // when the child creates a thread, as the recorder's child does; a plain
     // C program with two threads that forks and starts one in the child
     // aborts there too.
-    if unavailable_under_qemu(
-        "fork_child_is_its_own_process",
-        "qemu-user 7.2 aborts in a forked child of a multi-threaded process that starts a thread",
-    ) {
+    if unavailable_under_qemu("fork_child_is_its_own_process", FORK_UNDER_QEMU) {
         return;
     }
     let (dir, out) = record_tracee("fork", "function_graph", &["fork"], &[]);
@@ -1241,7 +1241,10 @@ fn the_recorder_takes_no_low_descriptor_while_the_program_runs() {
 /// trace being finished lets that complete first.
 #[test]
 fn children_killed_at_start_or_at_exit_are_recorded_with_their_end() {
-    let n = if qemu().is_some() { 10 } else { 60 };
+    if unavailable_under_qemu("children_killed_at_start_or_at_exit_are_recorded_with_their_end", FORK_UNDER_QEMU) {
+        return;
+    }
+    let n = 60;
     for when in ["at-start", "at-exit"] {
         let (dir, out) = record_tracee(&format!("kill-children-{when}"), "function_graph", &["kill-children", when, &n.to_string()], &[]);
         assert!(out.status.success(), "{when}: {}", String::from_utf8_lossy(&out.stderr));
@@ -1261,11 +1264,15 @@ fn children_killed_at_start_or_at_exit_are_recorded_with_their_end() {
 /// found the loader's `dl_load_write_lock` (which glibc does not reset) or
 /// a runtime mutex held by a thread it does not have, and its first
 /// `dlsym` waited for good: 3–7 forks in 300 in the reported runs, 4 and 6
-/// in 1000 here.  1000 forks natively (about 20 s), 40 under qemu.
+/// in 1000 here.  1000 forks (about 20 s); not under qemu-user, whose
+/// fork children of multi-threaded processes abort.
 #[test]
 fn forks_that_follow_a_dlopen_do_not_hang() {
+    if unavailable_under_qemu("forks_that_follow_a_dlopen_do_not_hang", FORK_UNDER_QEMU) {
+        return;
+    }
     let b = built();
-    let n = if qemu().is_some() { "40" } else { "1000" };
+    let n = "1000";
     let (dir, out) = record_tracee("dlopen-then-fork", "function_graph", &["dlopen-then-fork", b.ctor_lib.to_str().unwrap(), n], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1421,6 +1428,9 @@ fn recursion_deeper_than_the_shadow_stack_is_counted() {
 /// child, and the trace's total multiplied.
 #[test]
 fn a_fork_child_does_not_report_its_parents_losses() {
+    if unavailable_under_qemu("a_fork_child_does_not_report_its_parents_losses", FORK_UNDER_QEMU) {
+        return;
+    }
     let (dir, out) = record_tracee("deep-fork", "function_graph", &["deep-fork"], &[]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     let t = open(&dir);

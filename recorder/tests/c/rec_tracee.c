@@ -730,6 +730,15 @@ int main(int argc, char **argv)
         rec_abort();
         return 0;
     }
+    if (!strcmp(mode, "dispositions")) {
+        /* Whether SIGINT and SIGQUIT are ignored (inherited across exec). */
+        struct sigaction i, q;
+        sigaction(SIGINT, NULL, &i);
+        sigaction(SIGQUIT, NULL, &q);
+        rec_leaf(1);
+        printf("sigint_ignored %d\nsigquit_ignored %d\n", i.sa_handler == SIG_IGN, q.sa_handler == SIG_IGN);
+        return 0;
+    }
     if (!strcmp(mode, "fd-reuse")) {
         /* For a number of seconds: free descriptor 3, then dup2 onto it a
          * pipe that holds one byte, read the byte back, close.  Another
