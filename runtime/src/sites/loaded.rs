@@ -346,9 +346,14 @@ pub(crate) fn inside_loader() -> bool {
 /// declared the program's namespace consistent fails glibc's assertion
 /// `r_state == RT_CONSISTENT` and kills the process.  Nothing can be in
 /// progress then but the start-up itself, and the callers' refresh skips
-/// what is not relocated yet.
+/// what is not relocated yet.  The start-up is over when the loader runs
+/// the constructors ([`STARTED`]); later, a `dlopen` in progress holds
+/// the loader's lock, which the wait's `dlopen` takes only once it is
+/// done (its constructors included: a library patched while they run,
+/// before its unwinder hooks exist, saw its initialiser's exceptions end
+/// in `std::terminate`).
 pub fn wait_for_loader() {
-    if inside_loader() || !namespace_consistent() {
+    if inside_loader() || !STARTED.load(SeqCst) {
         return;
     }
     let _section = ForkSection::enter();
@@ -468,32 +473,19 @@ extern "C" fn fork_child() {
     FORKING.store(false, SeqCst);
 }
 
-/// `struct r_debug` of `<link.h>`, the loader's interface to debuggers.
-#[repr(C)]
-struct RDebug {
-    r_version: libc::c_int,
-    r_map: *mut libc::c_void,
-    r_brk: usize,
-    /// `RT_CONSISTENT` (0), `RT_ADD`, `RT_DELETE`.
-    r_state: libc::c_int,
-    r_ldbase: usize,
-}
+/// Set by the runtime's constructor: the loader runs constructors once the
+/// program's start-up is over (or, in a library loaded with `dlopen`,
+/// inside that `dlopen`, where no start-up is in progress either).
+static STARTED: AtomicBool = AtomicBool::new(false);
 
-extern "C" {
-    /// The program namespace's `r_debug`, defined by the dynamic loader.
-    static _r_debug: RDebug;
-}
-
-/// Whether the program's namespace is consistent (`RT_CONSISTENT`): past
-/// the loader's start-up, and no `dlopen` or `dlclose` is changing it
-/// (those change it only under `dl_load_lock`, so a `dlopen` made after
-/// seeing it consistent waits for them and then finds it consistent too).
-fn namespace_consistent() -> bool {
-    // SAFETY: `_r_debug` is the loader's static object, alive for the
-    // process; `r_state` is an aligned int that the loader writes with
-    // plain stores, read here once, volatile, for a yes/no answer.
-    unsafe { std::ptr::read_volatile(std::ptr::addr_of!(_r_debug.r_state)) == 0 }
-}
+#[used]
+#[cfg_attr(target_os = "linux", link_section = ".init_array")]
+static MARK_STARTED: extern "C" fn() = {
+    extern "C" fn mark() {
+        STARTED.store(true, SeqCst);
+    }
+    mark
+};
 
 /// The main program's program headers (`AT_PHDR`).
 fn main_phdr() -> usize {
