@@ -347,7 +347,7 @@ fn write_syms(st: &mut State) {
         st.written += 1;
     }
     if !text.is_empty() {
-        SYM.write_all(text.as_bytes());
+        SYM.write_lines(text.as_bytes());
     }
 }
 
@@ -706,9 +706,10 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
         Ending::Exec => writeln!(b, "exit = \"exec\""),
     };
     INFO.write_all(b.bytes());
-    if !matches!(ending, Ending::Exec) {
-        tracefile::report_failures(pid);
-    }
+    // (Before an exec too: the new image starts its own count, and a
+    // child that forks and execs would otherwise report nothing.)
+    tracefile::report_failures(pid);
+    tracefile::reset_failures();
     if dropped > 0 && !matches!(ending, Ending::Exec) {
         let mut m = StackBuf::new();
         let _ = writeln!(
@@ -1037,7 +1038,7 @@ extern "C" fn fork_child() {
         }
         MISSES_AT_FORK.store(fgraph::misses(), Relaxed);
         RECURSION_MISSES_AT_FORK.store(fgraph::recursion_misses(), Relaxed);
-        tracefile::reset_after_fork();
+        tracefile::reset_failures();
         let pid = std::process::id();
         match open_image(pid, Some(parent)) {
             Ok(()) => {

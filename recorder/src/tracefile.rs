@@ -125,6 +125,22 @@ impl TraceFile {
         ok
     }
 
+    /// Writes the lines of `text` (each ending in a newline): where the
+    /// file-size limit leaves room for only some, those whole lines, and
+    /// the rest counts as failed.
+    pub fn write_lines(&self, text: &[u8]) -> bool {
+        let fd = self.fd();
+        if fd >= 0 {
+            if let Some(room) = room_under_size_limit(fd).filter(|&r| r < text.len() as u64) {
+                if let Some(end) = text[..room as usize].iter().rposition(|&b| b == b'\n') {
+                    let (head, tail) = text.split_at(end + 1);
+                    return self.write_all(head) && self.write_all(tail);
+                }
+            }
+        }
+        self.write_all(text)
+    }
+
     /// Writes one `.dat` chunk (header and payload); the events of a chunk
     /// that cannot be written count as lost ([`failed_events`]).
     pub fn write_chunk(&self, chunk: &[u8]) -> bool {
@@ -160,18 +176,28 @@ fn stat(fd: i32) -> Option<libc::stat> {
 /// file-size limit (always without one); when not, the limit is noted for
 /// [`report_failures`].
 pub fn fits_size_limit(fd: i32, len: usize) -> bool {
+    let fits = room_under_size_limit(fd).is_none_or(|room| len as u64 <= room);
+    if !fits {
+        SIZE_LIMIT_HIT.store(size_limit().unwrap_or(0), Relaxed);
+    }
+    fits
+}
+
+/// The process's file-size limit, if it has one.
+fn size_limit() -> Option<u64> {
     // SAFETY: getrlimit fills the struct we own.
     let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut rl) } != 0 || rl.rlim_cur == libc::RLIM_INFINITY {
-        return true;
-    }
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut rl) } == 0;
+    (ok && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur as u64)
+}
+
+/// Bytes that can still be added to `fd` under the file-size limit (None:
+/// no limit).
+fn room_under_size_limit(fd: i32) -> Option<u64> {
+    let limit = size_limit()?;
     let end = stat(fd).map_or(0, |st| st.st_size.max(0) as u64);
-    let fits = end.saturating_add(len as u64) <= rl.rlim_cur as u64;
-    if !fits {
-        SIZE_LIMIT_HIT.store(rl.rlim_cur as u64, Relaxed);
-    }
-    fits
+    Some(limit.saturating_sub(end))
 }
 
 /// Device and inode of `fd`, or None if it is not open.
@@ -203,9 +229,9 @@ pub fn report_failures(pid: u32) {
     }
 }
 
-/// A fork child starts with no failed writes: the parent's are reported
-/// by the parent.
-pub fn reset_after_fork() {
+/// Forgets the failed writes once reported (before an exec), and in a
+/// fork child, whose parent reports its own.
+pub fn reset_failures() {
     for c in [&FAILED_WRITES, &FAILED_BYTES, &FAILED_EVENTS, &SIZE_LIMIT_HIT] {
         c.store(0, Relaxed);
     }
@@ -294,20 +320,23 @@ mod tests {
         if pid == 0 {
             // SAFETY: (test, child) lowering the child's own limit.
             unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &libc::rlimit { rlim_cur: 150, rlim_max: libc::RLIM_INFINITY }) };
-            let fits = t.write_all(&[b'y'; 50]);
+            let fits = t.write_all(&[b'y'; 30]);
             let past = t.write_all(&[b'z'; 60]);
             let noted = SIZE_LIMIT_HIT.load(Relaxed) == 150;
+            // 20 bytes of room: two whole lines of nine letters and a newline.
+            let lines = t.write_lines(b"abcdefghi\nbcdefghij\ncdefghijk\n");
             // SAFETY: (test, child) leaving without running the parent's
             // exit handlers.
-            unsafe { libc::_exit(fits as i32 | (past as i32) << 1 | (noted as i32) << 2) };
+            unsafe { libc::_exit(fits as i32 | (past as i32) << 1 | (noted as i32) << 2 | (lines as i32) << 3) };
         }
         let mut status = 0;
         // SAFETY: (test) waiting for our child.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         assert!(libc::WIFEXITED(status), "the child was killed (SIGXFSZ?): status {status:#x}");
-        assert_eq!(libc::WEXITSTATUS(status), 0b101, "written up to the limit, refused past it, the limit noted");
+        assert_eq!(libc::WEXITSTATUS(status), 0b101, "written up to the limit, refused past it, the limit noted, not every line");
         let text = std::fs::read(&p).unwrap();
-        assert_eq!(text.len(), 150, "nothing of the refused write, not even its first 50 bytes");
+        assert_eq!(text.len(), 150, "nothing of the refused write, not even its first bytes; the lines that fit");
+        assert!(text.ends_with(b"abcdefghi\nbcdefghij\n"), "{:?}", String::from_utf8_lossy(&text));
         let _ = std::fs::remove_file(&p);
     }
 
