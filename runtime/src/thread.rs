@@ -437,7 +437,7 @@ where
     let r = std::thread::Builder::new().name(name.into()).spawn(move || {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        HELPERS.lock().unwrap_or_else(|e| e.into_inner()).push((std::process::id(), tid));
+        add_helper(std::process::id(), tid);
         f()
     });
     // SAFETY: restores the mask saved above.
@@ -451,13 +451,31 @@ pub fn is_helper() -> bool {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     let pid = std::process::id();
-    HELPERS.lock().unwrap_or_else(|e| e.into_inner()).contains(&(pid, tid))
+    HELPERS.iter().any(|h| h.load(Acquire) == helper_word(pid, tid))
 }
 
-/// The helper threads started by [`spawn_helper`] (process, tid): a fork
-/// child's copy still holds its parent's, which are no thread of the child
-/// (and whose tids a thread of the child may get once they are gone).
-static HELPERS: std::sync::Mutex<Vec<(u32, i32)>> = std::sync::Mutex::new(Vec::new());
+/// The helper threads started by [`spawn_helper`], as `pid << 32 | tid`
+/// (0: free).  A fork child's copy still holds its parent's, which are no
+/// thread of the child (and whose tids a thread of the child may get once
+/// they are gone): the pid tells them apart, and their entries are free
+/// for the child's helpers.  Atomics, not a mutex: a mutex that a thread of
+/// the parent held at a `fork` stayed locked in the child, whose first
+/// `dlsym` (the recorder's check asks whether it runs on a helper) then
+/// waited for good.
+static HELPERS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+fn helper_word(pid: u32, tid: i32) -> u64 {
+    (pid as u64) << 32 | tid as u32 as u64
+}
+
+fn add_helper(pid: u32, tid: i32) {
+    for h in &HELPERS {
+        let cur = h.load(Acquire);
+        if (cur == 0 || (cur >> 32) as u32 != pid) && h.compare_exchange(cur, helper_word(pid, tid), AcqRel, Acquire).is_ok() {
+            return;
+        }
+    }
+}
 
 /// The lowest number the runtime's and the recorder's long-lived
 /// descriptors are moved to: three quarters of the descriptor limit, at
@@ -560,7 +578,7 @@ pub fn exit_if_only_helpers_remain() {
         return;
     }
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return };
-    let helpers: Vec<i32> = HELPERS.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|h| h.0 == pid).map(|h| h.1).collect();
+    let helpers: Vec<i32> = HELPERS.iter().map(|h| h.load(Acquire)).filter(|&h| (h >> 32) as u32 == pid).map(|h| h as u32 as i32).collect();
     let only_helpers = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|&t| t != pid as i32)

@@ -400,12 +400,12 @@ static FORK_SECTIONS: [AtomicUsize; FORK_SECTION_SLOTS] = [const { AtomicUsize::
 static FORKING: AtomicBool = AtomicBool::new(false);
 
 impl ForkSection {
+    /// (Outside a fork — nearly always — a nested section takes a slot of
+    /// its own rather than look for its thread's: the scan is left to
+    /// the waiting path, which must not wait for its own thread.)
     pub(crate) fn enter() -> ForkSection {
         install_fork_handlers();
         let me = this_thread();
-        if FORK_SECTIONS.iter().any(|c| c.load(SeqCst) == me) {
-            return ForkSection { slot: None };
-        }
         loop {
             if !FORKING.load(SeqCst) {
                 let slot = FORK_SECTIONS.iter().position(|c| c.compare_exchange(0, me, SeqCst, Relaxed).is_ok());
@@ -416,6 +416,11 @@ impl ForkSection {
                     }
                     FORK_SECTIONS[i].store(0, SeqCst);
                 }
+            }
+            if FORK_SECTIONS.iter().any(|c| c.load(SeqCst) == me) {
+                // Inside a section of this thread's, which the fork waits
+                // for: go on.
+                return ForkSection { slot: None };
             }
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
