@@ -346,9 +346,8 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // become ours when their parent ends, so that we can wait for them.
     // SAFETY: prctl with integer arguments; not inherited by the child.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let status = cmd
-        .status()
-        .with_context(|| format!("running {}", prog.display()))?;
+    let child = cmd.spawn().with_context(|| format!("running {}", prog.display()))?;
+    let status = wait_reaping_orphans(child.id() as libc::pid_t);
     let left_running = !reap_ended_descendants();
     if left_running && !a.no_wait {
         let running = still_running(&dir);
@@ -463,6 +462,24 @@ fn is_zombie(pid: u32) -> bool {
 fn pid_list(pids: &[u32]) -> String {
     let names: Vec<String> = pids.iter().map(|p| format!("pid {p}")).collect();
     names.join(", ")
+}
+
+/// Waits for the program (`pid`) and returns how it ended, reaping
+/// meanwhile the orphans that become ours as the subreaper (a long-running
+/// program that leaves processes behind would otherwise pile up zombies).
+fn wait_reaping_orphans(pid: libc::pid_t) -> std::process::ExitStatus {
+    loop {
+        let mut st = 0;
+        // SAFETY: waitpid fills the status we own.
+        let r = unsafe { libc::waitpid(-1, &mut st, 0) };
+        if r == pid {
+            return std::process::ExitStatus::from_raw(st);
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+            // (Reaped elsewhere: cannot happen, no other thread waits.)
+            return std::process::ExitStatus::from_raw(0);
+        }
+    }
 }
 
 /// Reaps the descendants that have ended; true when none is left.

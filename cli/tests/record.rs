@@ -521,3 +521,17 @@ fn ignored_terminal_signals_stay_ignored_in_the_program() {
         assert_eq!(String::from_utf8_lossy(&o.stdout), want);
     }
 }
+
+/// As the subreaper, `ftramp record` reaps the processes the program
+/// orphans while it runs (a first version waited for the program alone,
+/// and the orphans that ended stayed zombies until it ended: a long-running
+/// program that starts background jobs would pile them up).
+#[test]
+fn orphans_are_reaped_while_the_program_runs() {
+    let d = dir("orphans");
+    let script = "for i in 1 2 3 4 5; do (sleep 0.01 &); done; sleep 0.5; \
+                  echo zombies $(ps -o stat= --ppid $(ps -o ppid= -p $$) | grep -c Z)";
+    let o = record(&d, &[], Path::new("/bin/sh"), &["-c", script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "zombies 0\n", "{}", stderr(&o));
+}
