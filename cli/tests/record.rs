@@ -529,9 +529,18 @@ fn ignored_terminal_signals_stay_ignored_in_the_program() {
 #[test]
 fn orphans_are_reaped_while_the_program_runs() {
     let d = dir("orphans");
-    let script = "for i in 1 2 3 4 5; do (sleep 0.01 &); done; sleep 0.5; \
-                  echo zombies $(ps -o stat= --ppid $(ps -o ppid= -p $$) | grep -c Z)";
-    let o = record(&d, &[], Path::new("/bin/sh"), &["-c", script]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "zombies 0\n", "{}", stderr(&o));
+    let script = "for i in 1 2 3 4 5; do (sleep 0.01 &); done; sleep 1";
+    let mut child = ftramp().arg("record").arg("-o").arg(&d).args(["--", "/bin/sh", "-c", script]).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    // The zombies whose parent is `ftramp record`.
+    let zombies = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("status")).ok())
+        .filter(|st| {
+            let field = |k: &str| st.lines().find_map(|l| l.strip_prefix(k)).map(str::trim).unwrap_or("").to_string();
+            field("PPid:") == child.id().to_string() && field("State:").starts_with('Z')
+        })
+        .count();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(zombies, 0);
 }
