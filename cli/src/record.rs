@@ -464,20 +464,40 @@ fn pid_list(pids: &[u32]) -> String {
     names.join(", ")
 }
 
+/// What one `waitpid(-1)` found.
+enum Reaped {
+    /// This process ended, with this status.
+    One(libc::pid_t, libc::c_int),
+    /// Children remain, none has ended (`WNOHANG`).
+    NoneEnded,
+    /// No child is left (`ECHILD`).
+    NoChild,
+}
+
+/// One `waitpid(-1, …, flags)`, retried when a signal interrupts it.
+fn reap(flags: libc::c_int) -> Reaped {
+    loop {
+        let mut st = 0;
+        // SAFETY: waitpid fills the status we own.
+        match unsafe { libc::waitpid(-1, &mut st, flags) } {
+            0 => return Reaped::NoneEnded,
+            r if r > 0 => return Reaped::One(r, st),
+            _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => continue,
+            _ => return Reaped::NoChild,
+        }
+    }
+}
+
 /// Waits for the program (`pid`) and returns how it ended, reaping
 /// meanwhile the orphans that become ours as the subreaper (a long-running
 /// program that leaves processes behind would otherwise pile up zombies).
 fn wait_reaping_orphans(pid: libc::pid_t) -> std::process::ExitStatus {
     loop {
-        let mut st = 0;
-        // SAFETY: waitpid fills the status we own.
-        let r = unsafe { libc::waitpid(-1, &mut st, 0) };
-        if r == pid {
-            return std::process::ExitStatus::from_raw(st);
-        }
-        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+        match reap(0) {
+            Reaped::One(r, st) if r == pid => return std::process::ExitStatus::from_raw(st),
+            Reaped::One(..) | Reaped::NoneEnded => {}
             // (Reaped elsewhere: cannot happen, no other thread waits.)
-            return std::process::ExitStatus::from_raw(0);
+            Reaped::NoChild => return std::process::ExitStatus::from_raw(0),
         }
     }
 }
@@ -485,13 +505,10 @@ fn wait_reaping_orphans(pid: libc::pid_t) -> std::process::ExitStatus {
 /// Reaps the descendants that have ended; true when none is left.
 fn reap_ended_descendants() -> bool {
     loop {
-        let mut st = 0;
-        // SAFETY: waitpid fills the status we own.
-        match unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) } {
-            0 => return false,
-            r if r > 0 => continue,
-            _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => continue,
-            _ => return true, // ECHILD
+        match reap(libc::WNOHANG) {
+            Reaped::One(..) => {}
+            Reaped::NoneEnded => return false,
+            Reaped::NoChild => return true,
         }
     }
 }
@@ -499,14 +516,7 @@ fn reap_ended_descendants() -> bool {
 /// Reaps every descendant (they are ours once orphaned, as the subreaper)
 /// until none is left.
 fn wait_for_descendants() {
-    loop {
-        let mut st = 0;
-        // SAFETY: waitpid fills the status we own.
-        let r = unsafe { libc::waitpid(-1, &mut st, 0) };
-        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return; // ECHILD: none left
-        }
-    }
+    while let Reaped::One(..) = reap(0) {}
 }
 
 /// While the program runs: SIGINT and SIGQUIT do nothing to `ftramp record`

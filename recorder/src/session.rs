@@ -630,7 +630,7 @@ fn finish(ending: Ending, tries: u32) -> bool {
         return false;
     }
     FINISH_DONE.store(false, SeqCst);
-    FINISHING.store(this_thread(), SeqCst);
+    FINISHING.store(ftramp_runtime::thread::pthread_id(), SeqCst);
     finish_image(pid, ending, tries);
     FINISHING.store(0, SeqCst);
     FINISH_DONE.store(true, SeqCst);
@@ -651,11 +651,6 @@ static FINISHING: AtomicUsize = AtomicUsize::new(0);
 static FINISH_DONE: AtomicBool = AtomicBool::new(false);
 static DEFERRED_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-fn this_thread() -> usize {
-    // SAFETY: pthread_self has no preconditions.
-    unsafe { libc::pthread_self() as usize }
-}
-
 /// Ends the process by `sig` once its trace is complete: notes it in the
 /// `.info` (the last `exit` line is the one readers take), restores the
 /// default action (libc's, not the interposer) and raises it.
@@ -664,9 +659,7 @@ fn end_by(sig: i32) -> ! {
     let mut b = StackBuf::new();
     let _ = writeln!(b, "exit = \"signal {sig} ({})\"", signal_name(sig));
     INFO.write_all(b.bytes());
-    // SAFETY: sigaction is plain data; all-zero is SIG_DFL.
-    let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
-    crate::sigaction::real_sigaction(sig, &dfl, std::ptr::null_mut());
+    crate::sigaction::restore_default(sig);
     // SAFETY: unblocking and raising `sig`: the default action ends the
     // process (all async-signal-safe).
     unsafe {
@@ -850,6 +843,12 @@ pub(crate) const FATAL: [i32; 18] = [
     libc::SIGPROF,
 ];
 
+/// The [`FATAL`] signals a faulting instruction raises (and raises again
+/// if its handler returns).
+fn is_fault(sig: i32) -> bool {
+    matches!(sig, libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE)
+}
+
 /// The handler of the [`FATAL`] signals where the program has none, or
 /// asked for the default action ([`crate::sigaction`]).
 pub(crate) extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
@@ -858,14 +857,14 @@ pub(crate) extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, 
     if !finish(Ending::Signal(sig), 500) && ours && !FINISH_DONE.load(SeqCst) && FINISHED.load(SeqCst) {
         // The trace is being finished (at exit, before an exec, or for an
         // earlier signal).
-        if FINISHING.load(SeqCst) == this_thread() {
+        if FINISHING.load(SeqCst) == ftramp_runtime::thread::pthread_id() {
             // Under this handler: it can only complete once the handler
             // returns.  A signal sent to the process is held back until
             // then ([`finish`] raises it); a fault in the recorder's own
             // code would come back at once, and ends the process now.
             // SAFETY: the kernel's siginfo for this delivery (SA_SIGINFO).
             let sent = info.is_null() || unsafe { (*info).si_code } <= 0;
-            if sent || !matches!(sig, libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE) {
+            if sent || !is_fault(sig) {
                 DEFERRED_SIGNAL.store(sig, SeqCst);
                 return;
             }
@@ -882,14 +881,10 @@ pub(crate) extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, 
             end_by(sig);
         }
     }
-    // SAFETY: sigaction is plain data; all-zero is SIG_DFL.
-    let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
-    // Restoring the default action (libc's, not the interposer, which
-    // would install this handler again) and re-raising: the signal is
-    // blocked while this handler runs, so it is delivered (and kills the
-    // process the same way) when the handler returns.  All
-    // async-signal-safe.
-    crate::sigaction::real_sigaction(sig, &dfl, std::ptr::null_mut());
+    // Restoring the default action and re-raising: the signal is blocked
+    // while this handler runs, so it is delivered (and kills the process
+    // the same way) when the handler returns.  All async-signal-safe.
+    crate::sigaction::restore_default(sig);
     // SAFETY: raise has no memory arguments.
     unsafe { libc::raise(sig) };
 }
@@ -974,7 +969,7 @@ fn block_sent_signals() {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for sig in FATAL.iter().filter(|s| !matches!(**s, libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGSYS)) {
+        for sig in FATAL.iter().filter(|&&s| !is_fault(s) && s != libc::SIGSYS) {
             libc::sigaddset(&mut set, *sig);
         }
         let mut old: libc::sigset_t = std::mem::zeroed();

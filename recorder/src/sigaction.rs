@@ -46,6 +46,19 @@ pub(crate) fn real_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut 
     unsafe { __sigaction(sig, act, old) }
 }
 
+/// Restores the real default action of `sig` (libc's: through the
+/// interposer it would be the recorder's handler again).
+pub(crate) fn restore_default(sig: c_int) {
+    // SAFETY: sigaction is plain data; all-zero is SIG_DFL.
+    let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+    real_sigaction(sig, &dfl, std::ptr::null_mut());
+}
+
+/// Whether `handler` is the recorder's, standing in for `SIG_DFL`.
+fn is_flush(handler: usize) -> bool {
+    handler == on_fatal as *const () as usize
+}
+
 /// The recorder's handler, as installed for `sig`.
 pub(crate) fn flush_action() -> libc::sigaction {
     // SAFETY: sigaction is plain data; all-zero is a valid value.
@@ -72,7 +85,7 @@ fn stands_in_for(sig: c_int) -> bool {
 
 /// What the program sees where the recorder's handler is installed.
 fn as_seen(a: libc::sigaction) -> libc::sigaction {
-    if a.sa_sigaction == on_fatal as *const () as usize {
+    if is_flush(a.sa_sigaction) {
         // SAFETY: sigaction is plain data; all-zero is SIG_DFL, no flags,
         // an empty mask.
         unsafe { std::mem::zeroed() }
@@ -123,7 +136,7 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
         // SAFETY: libc's own signal, with the caller's arguments.
         unsafe { bsd_signal(sig, handler) }
     };
-    if prev == on_fatal as *const () as usize {
+    if is_flush(prev) {
         libc::SIG_DFL
     } else {
         prev

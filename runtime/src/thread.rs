@@ -477,6 +477,14 @@ fn add_helper(pid: u32, tid: i32) {
     }
 }
 
+/// The calling thread's `pthread_self`, as a word (0 is never a thread):
+/// for slots that mark a thread without a thread-local, which a sanitizer
+/// runtime serves late through `__tls_get_addr`.
+pub fn pthread_id() -> usize {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as usize }
+}
+
 /// The lowest number the runtime's and the recorder's long-lived
 /// descriptors are moved to: three quarters of the descriptor limit, at
 /// most 768 (a higher number would make the kernel grow every process's

@@ -295,11 +295,6 @@ fn collect() -> LoadedSet {
 /// intercepts, and cannot serve early in a process).
 static LOADER_THREAD: AtomicUsize = AtomicUsize::new(0);
 
-fn this_thread() -> usize {
-    // SAFETY: pthread_self has no preconditions.
-    unsafe { libc::pthread_self() as usize }
-}
-
 /// Marks the calling thread as running inside the dynamic loader, in the
 /// middle of a `dlopen` (an `LD_AUDIT` module's `la_activity`, called
 /// with the loader's lock held after the new objects are mapped and
@@ -318,7 +313,7 @@ impl LoaderHeld {
     /// where the loader calls this thread in the middle of a `dlopen` (an
     /// audit module's `la_activity`).
     pub fn enter() -> LoaderHeld {
-        LoaderHeld(LOADER_THREAD.swap(this_thread(), SeqCst))
+        LoaderHeld(LOADER_THREAD.swap(crate::thread::pthread_id(), SeqCst))
     }
 }
 
@@ -330,7 +325,7 @@ impl Drop for LoaderHeld {
 
 /// Whether the calling thread is inside a `dlopen` (see [`LoaderHeld`]).
 pub(crate) fn inside_loader() -> bool {
-    LOADER_THREAD.load(SeqCst) == this_thread()
+    LOADER_THREAD.load(SeqCst) == crate::thread::pthread_id()
 }
 
 /// Returns once no `dlopen` or `dlclose` is in progress on another thread
@@ -405,7 +400,7 @@ impl ForkSection {
     /// the waiting path, which must not wait for its own thread.)
     pub(crate) fn enter() -> ForkSection {
         install_fork_handlers();
-        let me = this_thread();
+        let me = crate::thread::pthread_id();
         loop {
             if !FORKING.load(SeqCst) {
                 let slot = FORK_SECTIONS.iter().position(|c| c.compare_exchange(0, me, SeqCst, Relaxed).is_ok());
@@ -454,7 +449,7 @@ extern "C" fn fork_prepare() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
     // (A section of this thread's own — a signal handler forking on top of
     // it — cannot end before the fork: not waited for.)
-    let me = this_thread();
+    let me = crate::thread::pthread_id();
     let busy = || {
         FORK_SECTIONS.iter().any(|c| {
             let h = c.load(SeqCst);
