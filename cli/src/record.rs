@@ -271,7 +271,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     let mut info = String::new();
     let _ = writeln!(
         info,
-        "version = 1\ntracer = {}\ncommand = {}\nclock = \"{}\"",
+        "version = 2\ntracer = {}\ncommand = {}\nclock = \"{}\"",
         toml_str(&a.tracer),
         toml_list(&command),
         clock.kind.name()

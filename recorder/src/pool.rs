@@ -25,7 +25,7 @@
 //! chunks of one thread reach the file in `seq` order.
 
 use crate::tracefile::TraceFile;
-use ftramp_trace::format::{ChunkHeader, Event, CHUNK_HEADER_SIZE};
+use ftramp_trace::format::{ChunkHeader, Event, CHUNK_HEADER_SIZE, LEAF_MAX};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, Ordering::*};
 
@@ -598,6 +598,54 @@ impl Local {
         slot.prev.store(now, Relaxed);
         slot.wp.store(wp.wrapping_add(1), Release);
         true
+    }
+
+    /// Writes the EXIT of `id` at `now`: when the buffer's last word is the
+    /// ENTRY of `id` and the two times fit, by turning that word into a
+    /// LEAF (the format's LEAF: the reader gets the same ENTRY and EXIT
+    /// back), else as [`Local::try_emit_in`] does; false (nothing done)
+    /// when neither can be done here.  `slot` is this thread's.  No calls:
+    /// the tracer's fast paths stay leaf functions.
+    ///
+    /// The ENTRY was committed, so a crash flush on another thread may be
+    /// copying it: it copies the ENTRY or the LEAF (one aligned 8-byte
+    /// store), either a valid trace of the moment it copied.
+    #[inline(always)]
+    pub fn try_emit_exit_in(slot: &Slot, id: u32, now: u64) -> bool {
+        let wp = slot.wp.load(Relaxed);
+        let delta = now.wrapping_sub(slot.prev.load(Relaxed));
+        if wp > slot.words.load(Relaxed) {
+            // SAFETY: words < wp <= end: a committed payload word of the
+            // buffer this thread owns (no buffer: both null).
+            let last = unsafe { wp.sub(1) };
+            // SAFETY: as above.
+            let w = unsafe { last.read() };
+            if w as u32 == Event::entry(id, 0) as u32 && (w >> 32 | delta) <= LEAF_MAX {
+                // SAFETY: as above; only this thread writes the buffer.
+                unsafe { last.write(Event::leaf_from_entry(w, delta)) };
+                slot.prev.store(now, Relaxed);
+                return true;
+            }
+        }
+        if wp >= slot.end.load(Relaxed) || delta > u32::MAX as u64 {
+            return false;
+        }
+        // SAFETY: wp < end, a payload word of the buffer this thread owns.
+        unsafe { wp.write(Event::exit(id, 0) | delta << 32) };
+        slot.prev.store(now, Relaxed);
+        slot.wp.store(wp.wrapping_add(1), Release);
+        true
+    }
+
+    /// Appends the EXIT of `id` at `now`: a LEAF in place of its ENTRY when
+    /// that is the last word ([`Local::try_emit_exit_in`]), else one word.
+    #[inline(always)]
+    pub fn emit_exit(&self, id: u32, now: u64) {
+        let p = self.cur.get();
+        // SAFETY: `cur` is null or points into SLOTS.
+        if p.is_null() || !Self::try_emit_exit_in(unsafe { &*p }, id, now) {
+            emit_slow(self, Event::exit(id, 0), now)
+        }
     }
 
     /// Counts `n` events lost on this thread (e.g. no function id).

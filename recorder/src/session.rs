@@ -239,7 +239,7 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "version = 1\npid = {pid}\nppid = {ppid}\nn = {n}\nexe = {}",
+        "version = 2\npid = {pid}\nppid = {ppid}\nn = {n}\nexe = {}",
         toml_str(&exe_path())
     );
     let _ = writeln!(text, "args = [{}]", args.join(", "));

@@ -146,8 +146,8 @@ impl TraceFile {
     pub fn write_chunk(&self, chunk: &[u8]) -> bool {
         let ok = self.write_all(chunk);
         if !ok {
-            let events = chunk.len().saturating_sub(ftramp_trace::format::CHUNK_HEADER_SIZE) / 8;
-            FAILED_EVENTS.fetch_add(events as u64, Relaxed);
+            let payload = chunk.get(ftramp_trace::format::CHUNK_HEADER_SIZE..).unwrap_or(&[]);
+            FAILED_EVENTS.fetch_add(ftramp_trace::format::count_events(payload), Relaxed);
         }
         ok
     }

@@ -1,7 +1,8 @@
 //! The tracer callbacks: fgraph entry/return (function_graph) and an ops
 //! callback (function).  Each is: read the clock, look the site's id up
 //! (an exit reads the id its entry noted at its depth instead), append one
-//! word to the thread's buffer.
+//! word to the thread's buffer; an exit whose ENTRY is still the buffer's
+//! last word turns that word into a LEAF instead (one word per leaf call).
 //!
 //! With a minimum duration the ENTRY of a call is deferred: entry only
 //! notes (id, time) at its depth; at the return, a call that lasted long
@@ -169,7 +170,7 @@ extern "C" fn graph_return(ret: &GraphRet, user: &Fgraph, _regs: &mut FtraceRegs
                 // the length of `ids`.
                 let id = unsafe { dp.ids.get_unchecked(d) }.load(Relaxed);
                 let (base, now) = (Event::exit(id, 0), fast_ticks());
-                if Local::try_emit_in(slot, base, now) {
+                if Local::try_emit_exit_in(slot, id, now) {
                     l.open.set(d);
                     return;
                 }
@@ -196,7 +197,7 @@ extern "C" fn graph_return_slow(ret: &GraphRet, user: &Fgraph) {
     let min = MIN_TICKS.load(Relaxed);
     if min == 0 {
         unwound_above(l, d + 1, now);
-        l.emit(Event::exit(id, 0), now);
+        l.emit_exit(id, now);
         l.open.set(d);
         return;
     }
@@ -211,13 +212,13 @@ extern "C" fn graph_return_slow(ret: &GraphRet, user: &Fgraph) {
     let w = l.written.get();
     if d < w {
         // Entered, and written because a descendant was long enough.
-        l.emit(Event::exit(id, 0), now);
+        l.emit_exit(id, now);
         l.written.set(d);
     } else if now.wrapping_sub(dp.times[d].load(Relaxed)) >= min {
         for i in w..=d {
             l.emit(Event::entry(dp.ids[i].load(Relaxed), 0), dp.times[i].load(Relaxed));
         }
-        l.emit(Event::exit(id, 0), now);
+        l.emit_exit(id, now);
         l.written.set(d);
     }
 }

@@ -274,7 +274,7 @@ fn trace_dir(name: &str, tracer: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(
         d.join("info"),
-        format!("version = 1\ntracer = \"{tracer}\"\n"),
+        format!("version = 2\ntracer = \"{tracer}\"\n"),
     )
     .unwrap();
     d

@@ -548,11 +548,11 @@ fn parse_trace_info(path: &Path, text: &str, problems: &mut Vec<TraceError>) -> 
     for (k, v) in &t {
         match k.as_str() {
             "version" => match value_u64(v) {
-                Some(1) => info.version = 1,
+                Some(n @ 1..=2) => info.version = n as u32,
                 _ => problems.push(TraceError::Invalid {
                     path: path.to_path_buf(),
                     what: format!(
-                        "version {} (this reader knows 1); reading it as version 1",
+                        "version {} (this reader knows 1 and 2); reading it as version 2",
                         value_str(v)
                     ),
                 }),
@@ -921,6 +921,24 @@ fn decode_chunk(
                 };
                 c.events.push(Event {
                     kind,
+                    func,
+                    ns: cal.to_ns(ticks),
+                });
+            }
+            Ok(format::Event::Leaf {
+                func,
+                delta,
+                duration,
+            }) => {
+                ticks = ticks.wrapping_add(delta as u64);
+                c.events.push(Event {
+                    kind: EventKind::Entry,
+                    func,
+                    ns: cal.to_ns(ticks),
+                });
+                ticks = ticks.wrapping_add(duration as u64);
+                c.events.push(Event {
+                    kind: EventKind::Exit,
                     func,
                     ns: cal.to_ns(ticks),
                 });

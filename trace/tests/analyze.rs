@@ -79,6 +79,21 @@ fn replay_exact() {
 }
 
 #[test]
+fn leaf_events_replay_as_their_entry_and_exit() {
+    let (words, leaf_words) = (tempdir(), tempdir());
+    let two = demo_trace(words.path());
+    let one = demo_trace_as(leaf_words.path(), true);
+    // b, c, b and c (thread 100), b and c (101), a (process 102) are leaves
+    // with small times: one word each; c's 2 ms exit does not fit (2^16 ticks).
+    let dat = |dir: &std::path::Path, pid| std::fs::metadata(dat_path(dir, pid, 0)).unwrap().len();
+    assert_eq!(two.len - one.len, 5 * 8);
+    assert_eq!(dat(words.path(), 102) - dat(leaf_words.path(), 102), 8);
+    let t = Trace::open(leaf_words.path()).unwrap();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(body(&replay_text(&t, &ReplayOptions::default())), DEMO_REPLAY);
+}
+
+#[test]
 fn replay_filters() {
     let dir = tempdir();
     demo_trace(dir.path());

@@ -133,16 +133,17 @@ fn bad_magic_resynchronises_on_the_next_chunk() {
 }
 
 #[test]
-fn kind_3_event_keeps_the_events_before_it() {
+fn a_bad_event_keeps_the_events_before_it() {
     let dir = tempdir();
     let l = demo_trace(dir.path());
-    // The 4th event of the first chunk (exit b) becomes kind 3.
+    // The 4th event of the first chunk (exit b) becomes an EXTENDED event
+    // with its id and delta in the bits that must be zero.
     let at = l.chunks[0] + CHUNK_HEADER_SIZE + 3 * 8;
-    edit_dat(dir.path(), |b| b[at] |= 3);
+    edit_dat(dir.path(), |b| b[at] = (b[at] & !3) | 2);
     let t = Trace::open(dir.path()).unwrap();
     let m = only_problem(&t);
     assert!(
-        m.contains(&format!("offset {at}: invalid event kind 3 in word")),
+        m.contains(&format!("offset {at}: bad extended event 0x")),
         "{m}"
     );
     assert!(m.ends_with("in the chunk of tid 100 seq 0 at offset 0; its 3 events before it kept, the remaining 32 bytes of the chunk skipped"), "{m}");

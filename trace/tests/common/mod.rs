@@ -136,6 +136,40 @@ pub struct DemoLayout {
 /// process 102 (fork child of 100-0, exit code 0):
 ///   thread 102: a [4000, 4100]
 pub fn demo_trace(dir: &Path) -> DemoLayout {
+    demo_trace_as(dir, false)
+}
+
+/// Each ENTRY followed by the EXIT of the same function, both times under
+/// 2^16 ticks, as one LEAF (what the recorder writes for such calls).
+pub fn as_leaves(events: &[Event]) -> Vec<Event> {
+    let mut out: Vec<Event> = Vec::new();
+    for &e in events {
+        match (out.last().copied(), e) {
+            (
+                Some(Event::Entry { func, delta }),
+                Event::Exit {
+                    func: f,
+                    delta: duration,
+                },
+            ) if f == func && delta <= 0xffff && duration <= 0xffff => {
+                *out.last_mut().unwrap() = Event::Leaf {
+                    func,
+                    delta: delta as u16,
+                    duration: duration as u16,
+                };
+            }
+            _ => out.push(e),
+        }
+    }
+    out
+}
+
+/// [`demo_trace`], with its leaf calls written as LEAF events when `leaves`.
+pub fn demo_trace_as(dir: &Path, leaves: bool) -> DemoLayout {
+    let chunk = |tid, seq, flags, lost, start_ns, events: &[Event]| {
+        let events = if leaves { as_leaves(events) } else { events.to_vec() };
+        chunk(tid, seq, flags, lost, start_ns, &events)
+    };
     std::fs::create_dir_all(dir).unwrap();
     write_info(dir, "function_graph", &["demo", "x"]);
     let names = ["main", "a", "b", "c", "worker"];
