@@ -17,11 +17,12 @@
 //! that handler is installed, as the program would see untraced.  Every
 //! other request goes to libc unchanged (`__sigaction`, and `bsd_signal`,
 //! glibc's `signal` under its other name, so that `siginterrupt` keeps its
-//! effect).  Both interposers are async-signal-safe (system calls and one
+//! effect).  The older ways to set a disposition do the same: `ssignal`
+//! (glibc's `signal` under a third name), `sysv_signal` (to libc's
+//! `__sysv_signal` otherwise) and `sigset`, which has no other name in
+//! libc and is written here on [`sigaction`] as POSIX describes it (with
+//! `SIG_HOLD`).  All of them are async-signal-safe (system calls and one
 //! atomic), as `sigaction` and `signal` are: handlers call them.
-//!
-//! Left: `sysv_signal` and `sigset` requests for `SIG_DFL` still replace
-//! the handler (rare in programs; glibc's `signal` is the BSD one).
 
 use crate::session::{on_fatal, FATAL};
 use std::ffi::c_int;
@@ -32,7 +33,13 @@ extern "C" {
     fn __sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
     /// glibc's `signal` (BSD semantics), under its other name.
     fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    /// glibc's `sysv_signal` (System V semantics), under its other name.
+    fn __sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
 }
+
+/// `SIG_HOLD` (`<signal.h>`, not in the libc crate): `sigset` blocks the
+/// signal instead of changing its action.
+const SIG_HOLD: libc::sighandler_t = 2;
 
 /// Set once the recorder has installed its handlers in this process.
 static STANDING_IN: AtomicBool = AtomicBool::new(false);
@@ -125,6 +132,38 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old:
 /// As `signal`.
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: libc's own signal, with the caller's arguments.
+    set_handler(sig, handler, |s, h| unsafe { bsd_signal(s, h) })
+}
+
+/// `ssignal(3)`, glibc's `signal` under another name.
+///
+/// # Safety
+/// As `signal`.
+#[no_mangle]
+pub unsafe extern "C" fn ssignal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: as `signal` (the caller's contract).
+    unsafe { signal(sig, handler) }
+}
+
+/// `sysv_signal(3)` as the program calls it.
+///
+/// # Safety
+/// As `sysv_signal`.
+#[no_mangle]
+pub unsafe extern "C" fn sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: libc's own sysv_signal, with the caller's arguments.
+    set_handler(sig, handler, |s, h| unsafe { __sysv_signal(s, h) })
+}
+
+/// The `signal` family: a `SIG_DFL` request for a fatal signal installs
+/// the recorder's handler, anything else goes to `libc_set`; the previous
+/// handler as the program would see it untraced.
+fn set_handler(
+    sig: c_int,
+    handler: libc::sighandler_t,
+    libc_set: impl FnOnce(c_int, libc::sighandler_t) -> libc::sighandler_t,
+) -> libc::sighandler_t {
     let prev = if stands_in_for(sig) && handler == libc::SIG_DFL {
         // SAFETY: sigaction is plain data; all-zero is a valid value.
         let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -133,12 +172,63 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
         }
         prev.sa_sigaction
     } else {
-        // SAFETY: libc's own signal, with the caller's arguments.
-        unsafe { bsd_signal(sig, handler) }
+        libc_set(sig, handler)
     };
     if is_flush(prev) {
         libc::SIG_DFL
     } else {
         prev
+    }
+}
+
+/// `sigset(3)` as the program calls it (POSIX, as glibc does it): with
+/// `SIG_HOLD` it blocks `sig`; with a handler it sets it (no flags, empty
+/// mask: through [`sigaction`], so `SIG_DFL` of a fatal signal is the
+/// recorder's handler) and unblocks `sig`.  It returns `SIG_HOLD` when
+/// `sig` was blocked, else the previous handler as the program sees it.
+///
+/// # Safety
+/// As `sigset` (any arguments).
+#[no_mangle]
+pub unsafe extern "C" fn sigset(sig: c_int, disp: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: sigset_t and sigaction are plain data; all-zero is a valid
+    // (empty) value of both.
+    let (mut set, mut oset): (libc::sigset_t, libc::sigset_t) = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: filling sets we own; sigaddset refuses a bad `sig` (EINVAL).
+    if unsafe { libc::sigemptyset(&mut set) } != 0 || unsafe { libc::sigaddset(&mut set, sig) } != 0 {
+        return libc::SIG_ERR;
+    }
+    let blocked = |oset: &libc::sigset_t| {
+        // SAFETY: reading a set we own.
+        unsafe { libc::sigismember(oset, sig) == 1 }
+    };
+    if disp == SIG_HOLD {
+        // SAFETY: our own sets.
+        if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut oset) } != 0 {
+            return libc::SIG_ERR;
+        }
+        // SAFETY: a null action only reads, into our own `old`.
+        if unsafe { sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            return libc::SIG_ERR;
+        }
+        return if blocked(&oset) { SIG_HOLD } else { old.sa_sigaction };
+    }
+    // SAFETY: as above.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = disp;
+    // SAFETY: our own action and `old`.
+    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    // SAFETY: our own sets.
+    if unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, &mut oset) } != 0 {
+        return libc::SIG_ERR;
+    }
+    if blocked(&oset) {
+        SIG_HOLD
+    } else {
+        old.sa_sigaction
     }
 }

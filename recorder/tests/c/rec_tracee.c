@@ -276,6 +276,21 @@ __attribute__((noinline)) void rec_reraise_sigaction(int sig)
     raise(sig);
 }
 
+/* The older calls that restore a default action: sysv_signal and sigset. */
+__attribute__((noinline)) void rec_reraise_sysv(int sig)
+{
+    rec_before();
+    sysv_signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+__attribute__((noinline)) void rec_reraise_sigset(int sig)
+{
+    rec_before();
+    sigset(sig, SIG_DFL);
+    raise(sig);
+}
+
 static void counts(void)
 {
     printf("rec_fib %ld\nrec_leaf %ld\nrec_worker %ld\nrec_spin %ld\nrec_quick %ld\nrec_slow %ld\n"
@@ -677,13 +692,20 @@ int main(int argc, char **argv)
         printf("rec_deep %ld\n", rec_deep(depth) + 1);
         return 0;
     }
-    if (!strcmp(mode, "reraise-signal") || !strcmp(mode, "reraise-sigaction")) {
+    if (!strncmp(mode, "reraise-", 8)) {
         /* What the program sees of SIGTERM's default action, then its own
          * handler, which dies by SIGTERM. */
         struct sigaction old;
         sigaction(SIGTERM, NULL, &old);
         printf("sigterm_default %d\n", old.sa_handler == SIG_DFL && old.sa_flags == 0);
-        signal(SIGTERM, !strcmp(mode, "reraise-signal") ? rec_reraise_signal : rec_reraise_sigaction);
+        /* sigset's view: holding answers the previous (default) action. */
+        printf("sigset_hold_default %d\n", sigset(SIGTERM, SIG_HOLD) == SIG_DFL);
+        sigrelse(SIGTERM);
+        void (*h)(int) = !strcmp(mode, "reraise-signal")      ? rec_reraise_signal
+                         : !strcmp(mode, "reraise-sigaction") ? rec_reraise_sigaction
+                         : !strcmp(mode, "reraise-sysv")      ? rec_reraise_sysv
+                                                              : rec_reraise_sigset;
+        signal(SIGTERM, h);
         for (int i = 0; i < 10; i++)
             rec_after();
         counts();
