@@ -781,6 +781,64 @@ fn min_duration_keeps_long_calls_and_their_ancestors() {
     }
 }
 
+/// The LEAF words of a process's `.dat`, by function name (each chunk's
+/// events read with the format's own decoder).
+fn leaf_words(dir: &Path, p: &Process) -> BTreeMap<String, u64> {
+    use ftramp_trace::format::{self, ChunkHeader, CHUNK_HEADER_SIZE};
+    let bytes = std::fs::read(dir.join(format!("task-{}-{}.dat", p.pid, p.image))).unwrap();
+    let mut m = BTreeMap::new();
+    let mut at = 0;
+    while at + CHUNK_HEADER_SIZE <= bytes.len() {
+        let h = ChunkHeader::decode(bytes[at..at + CHUNK_HEADER_SIZE].try_into().unwrap()).unwrap();
+        let payload = &bytes[at + CHUNK_HEADER_SIZE..at + CHUNK_HEADER_SIZE + h.len as usize];
+        for (_, e) in format::events(payload) {
+            if let Ok(format::Event::Leaf { func, .. }) = e {
+                *m.entry(p.func_name(func)).or_default() += 1;
+            }
+        }
+        at += CHUNK_HEADER_SIZE + h.len as usize;
+    }
+    m
+}
+
+/// A call with nothing recorded inside it is written as one LEAF word when
+/// its times fit 16 bits (rec_leaf), as an ENTRY and an EXIT when not
+/// (rec_spin's 2 ms) or when it has calls inside (rec_quick calls
+/// rec_leaf, rec_slow both): every call reads back, with its whole
+/// duration.
+#[test]
+fn short_leaf_calls_take_one_word_and_long_ones_keep_their_time() {
+    let (dir, out) = record_tracee("leaves", "function_graph", &["duration"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let p = &open(&dir).processes[0];
+    check_nesting(p);
+    let got = per_function(p);
+    assert_eq!(count(&got, "rec_quick"), (6, 6), "{got:?}");
+    assert_eq!(count(&got, "rec_leaf"), (6, 6), "{got:?}");
+    assert_eq!(count(&got, "rec_spin"), (3, 3), "{got:?}");
+    assert_eq!(count(&got, "rec_slow"), (3, 3), "{got:?}");
+    let leaves = leaf_words(&dir, p);
+    // rec_leaf takes well under 2^16 ticks (a preempted call may not).
+    assert!(leaves.get("rec_leaf").is_some_and(|&n| (4..=6).contains(&n)), "{leaves:?}");
+    assert_eq!(leaves.keys().collect::<Vec<_>>(), ["rec_leaf"], "no other call is a leaf");
+    let t = &p.threads[0];
+    let mut open = Vec::new();
+    let mut spins = 0;
+    for e in &t.events {
+        match e.kind {
+            EventKind::Entry => open.push(e.ns),
+            EventKind::Exit => {
+                let took = e.ns - open.pop().unwrap();
+                if p.func_name(e.func) == "rec_spin" {
+                    assert!(took >= 1_999_000, "rec_spin took {took} ns, not 2 ms");
+                    spins += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(spins, 3);
+}
+
 #[test]
 fn fork_child_is_its_own_process() {
     // qemu-user 7.2 aborts (`qemu_plugin_vcpu_init_hook: assertion failed`)
