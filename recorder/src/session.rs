@@ -30,6 +30,10 @@ static INFO: TraceFile = TraceFile::new();
 static FINISHED: AtomicBool = AtomicBool::new(false);
 /// `.info` length before the exec lines (undone if the exec fails).
 static INFO_LEN_BEFORE_EXEC: AtomicU64 = AtomicU64::new(0);
+/// Where the `.info`'s `exit` line starts (0: not written): a signal that
+/// ends the process after the trace was finished replaces that line
+/// ([`end_by`]), so the file keeps one `exit` key, as TOML wants.
+static EXIT_LINE_AT: AtomicU64 = AtomicU64::new(0);
 /// Writer threads started (a fork child starts its own); the old one stops.
 static WRITER_EPOCH: AtomicUsize = AtomicUsize::new(0);
 
@@ -261,6 +265,7 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
     INFO.write_all(text.as_bytes());
     PID.store(pid, Relaxed);
     IMAGE.store(n, Relaxed);
+    EXIT_LINE_AT.store(0, Relaxed);
     FINISHED.store(false, Relaxed);
     Ok(())
 }
@@ -652,12 +657,16 @@ static FINISH_DONE: AtomicBool = AtomicBool::new(false);
 static DEFERRED_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// Ends the process by `sig` once its trace is complete: notes it in the
-/// `.info` (the last `exit` line is the one readers take), restores the
+/// `.info` in place of the `exit` line the finish wrote, restores the
 /// default action (libc's, not the interposer) and raises it.
 /// Async-signal-safe.
 fn end_by(sig: i32) -> ! {
     let mut b = StackBuf::new();
     let _ = writeln!(b, "exit = \"signal {sig} ({})\"", signal_name(sig));
+    let at = EXIT_LINE_AT.load(SeqCst);
+    if at != 0 {
+        INFO.truncate(at);
+    }
     INFO.write_all(b.bytes());
     crate::sigaction::restore_default(sig);
     // SAFETY: unblocking and raising `sig`: the default action ends the
@@ -693,12 +702,14 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     }
     let mut b = StackBuf::new();
     let _ = writeln!(b, "lost = {lost}");
+    let exit_at = INFO.size().map_or(0, |size| size + b.bytes().len() as u64);
     let _ = match ending {
         Ending::Code(c) => writeln!(b, "exit = \"code {c}\""),
         Ending::Signal(s) => writeln!(b, "exit = \"signal {s} ({})\"", signal_name(s)),
         Ending::Exec => writeln!(b, "exit = \"exec\""),
     };
     INFO.write_all(b.bytes());
+    EXIT_LINE_AT.store(exit_at, SeqCst);
     // (Before an exec too: the new image starts its own count, and a
     // child that forks and execs would otherwise report nothing.)
     tracefile::report_failures(pid);
@@ -812,6 +823,7 @@ pub fn exec_failed() {
     let len = INFO_LEN_BEFORE_EXEC.load(Relaxed);
     // Back to before the exec lines.
     INFO.truncate(len);
+    EXIT_LINE_AT.store(0, SeqCst);
     pool::reopen();
     FINISHED.store(false, SeqCst);
     IO_LOCK.unlock();
@@ -854,7 +866,13 @@ fn is_fault(sig: i32) -> bool {
 pub(crate) extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: getpid cannot fail.
     let ours = PID.load(Relaxed) == unsafe { libc::getpid() } as u32;
-    if !finish(Ending::Signal(sig), 500) && ours && !FINISH_DONE.load(SeqCst) && FINISHED.load(SeqCst) {
+    if !finish(Ending::Signal(sig), 500) && ours && FINISHED.load(SeqCst) {
+        if FINISH_DONE.load(SeqCst) {
+            // Finished already (at exit, before an exec): the process
+            // ends by this signal after all, which its `exit` line is to
+            // say (a `prog | head` whose exit flush meets SIGPIPE).
+            end_by(sig);
+        }
         // The trace is being finished (at exit, before an exec, or for an
         // earlier signal).
         if FINISHING.load(SeqCst) == ftramp_runtime::thread::pthread_id() {

@@ -1314,11 +1314,40 @@ fn children_killed_at_start_or_at_exit_are_recorded_with_their_end() {
         assert!(out.status.success(), "{when}: {}", String::from_utf8_lossy(&out.stderr));
         let t = open(&dir);
         assert_eq!(t.processes.len(), n + 1, "{when}: every child is in the trace");
+        let ends = &counters(&out.stdout)[0];
         for p in t.processes.iter().skip(1) {
             let exit = p.exit.as_deref().unwrap_or_else(|| panic!("{when}: pid {} has no exit line", p.pid));
-            assert!(exit == "signal 15 (SIGTERM)" || (when == "at-exit" && exit == "code 0"), "{when}: pid {}: {exit}", p.pid);
+            // The way the parent saw it end, and one `exit` line (TOML).
+            let want = match ends[&format!("end_{}", p.pid)] {
+                0 => "code 0",
+                143 => "signal 15 (SIGTERM)",
+                other => panic!("{when}: pid {} ended with {other}", p.pid),
+            };
+            assert_eq!(exit, want, "{when}: pid {}", p.pid);
+            let info = std::fs::read_to_string(dir.join(format!("task-{}-0.info", p.pid))).unwrap();
+            assert_eq!(info.matches("\nexit = ").count(), 1, "{when}: {info}");
         }
     }
+}
+
+/// A process whose output flush at exit (after the trace was finished)
+/// meets SIGPIPE dies by it, as untraced, and its `exit` line says so
+/// (before, it said `code 0`; one killed by a signal after its finish got
+/// a second `exit` line, which TOML does not allow).
+#[test]
+fn a_signal_after_the_finish_at_exit_is_the_recorded_end() {
+    let b = built();
+    let plain = run_untraced(&b.tracee, &["sigpipe-at-exit"]);
+    let (dir, out) = record_tracee("sigpipe-at-exit", "function_graph", &["sigpipe-at-exit"], &[]);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(plain.status.signal(), Some(libc_sig::PIPE), "{plain:?}");
+    assert_eq!(out.status.signal(), Some(libc_sig::PIPE), "dies the same way: {out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&plain.stdout));
+    let p = &open(&dir).processes[0];
+    assert_eq!(p.exit.as_deref(), Some("signal 13 (SIGPIPE)"));
+    let info = std::fs::read_to_string(dir.join(format!("task-{}-0.info", p.pid))).unwrap();
+    assert_eq!(info.matches("\nexit = ").count(), 1, "{info}");
+    assert_eq!(count(&per_function(p), "rec_after"), (3, 3));
 }
 
 /// A program that forks soon after each `dlopen` (as CPython's

@@ -822,9 +822,27 @@ int main(int argc, char **argv)
                 return 3;
             close(p[0]);
             kill(c, SIGTERM);
-            waitpid(c, NULL, 0);
+            int st = 0;
+            waitpid(c, &st, 0);
+            /* How it ended, as its trace is to say (128 + signal). */
+            printf("end_%d %d\n", (int)c, WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st));
         }
         printf("children %ld\n", n);
+        return 0;
+    }
+    if (!strcmp(mode, "sigpipe-at-exit")) {
+        /* Output buffered for a pipe nobody reads: exit's flush, after
+         * main returned, meets SIGPIPE and the process dies by it. */
+        int p[2];
+        if (pipe(p) != 0)
+            return 2;
+        close(p[0]);
+        for (int i = 0; i < 3; i++)
+            rec_after();
+        counts();
+        fflush(stdout);
+        dup2(p[1], 1);
+        printf("never read\n");
         return 0;
     }
     if (!strcmp(mode, "dlopen-then-fork")) {
