@@ -607,6 +607,13 @@ fn signal_name(sig: i32) -> &'static str {
         libc::SIGSYS => "SIGSYS",
         libc::SIGVTALRM => "SIGVTALRM",
         libc::SIGPROF => "SIGPROF",
+        libc::SIGTRAP => "SIGTRAP",
+        SIGSTKFLT => "SIGSTKFLT",
+        SIGPWR => "SIGPWR",
+        s if s >= libc::SIGRTMIN() => {
+            const RT: [&str; 33] = ["SIGRTMIN", "SIGRTMIN+1", "SIGRTMIN+2", "SIGRTMIN+3", "SIGRTMIN+4", "SIGRTMIN+5", "SIGRTMIN+6", "SIGRTMIN+7", "SIGRTMIN+8", "SIGRTMIN+9", "SIGRTMIN+10", "SIGRTMIN+11", "SIGRTMIN+12", "SIGRTMIN+13", "SIGRTMIN+14", "SIGRTMIN+15", "SIGRTMIN+16", "SIGRTMIN+17", "SIGRTMIN+18", "SIGRTMIN+19", "SIGRTMIN+20", "SIGRTMIN+21", "SIGRTMIN+22", "SIGRTMIN+23", "SIGRTMIN+24", "SIGRTMIN+25", "SIGRTMIN+26", "SIGRTMIN+27", "SIGRTMIN+28", "SIGRTMIN+29", "SIGRTMIN+30", "SIGRTMIN+31", "SIGRTMIN+32"];
+            RT.get((s - libc::SIGRTMIN()) as usize).copied().unwrap_or("signal")
+        }
         _ => "signal",
     }
 }
@@ -855,6 +862,39 @@ pub(crate) const FATAL: [i32; 18] = [
     libc::SIGPROF,
 ];
 
+/// SIGSTKFLT and SIGPWR: their default action ends a process too (Linux's
+/// generic numbers, those of every arch the recorder runs on; the libc
+/// crate does not name them for glibc).
+const SIGSTKFLT: i32 = 16;
+const SIGPWR: i32 = 30;
+
+/// The runtime's grace-period signal (0: none), a real-time signal the
+/// recorder leaves alone; read before the recorder takes the others.
+static GRACE_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// SIGTRAP is the runtime patcher's, which hands the recorder the traps
+/// that are not its own ([`ftramp_runtime::patch::on_foreign_sigtrap`]);
+/// false on the arches where the patcher has no SIGTRAP handler.
+static SIGTRAP_IS_THE_PATCHERS: AtomicBool = AtomicBool::new(false);
+
+/// Whether `sig`'s default action ends the process and the recorder's
+/// handler stands in for it: [`FATAL`], SIGSTKFLT, SIGPWR, the real-time
+/// signals but the runtime's own, and SIGTRAP where the patcher does not
+/// handle it.  (A process killed by any of these lost its whole trace
+/// before the twenty-first session, and `ftramp record` blamed SIGKILL.)
+/// Async-signal-safe.
+pub(crate) fn is_fatal(sig: i32) -> bool {
+    FATAL.contains(&sig)
+        || sig == SIGSTKFLT
+        || sig == SIGPWR
+        || (sig == libc::SIGTRAP && !SIGTRAP_IS_THE_PATCHERS.load(Relaxed))
+        || ((libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&sig) && sig != GRACE_SIGNAL.load(Relaxed))
+}
+
+/// Every signal [`is_fatal`] says.
+fn fatal_signals() -> impl Iterator<Item = i32> {
+    (1..=libc::SIGRTMAX()).filter(|&s| is_fatal(s))
+}
+
 /// The [`FATAL`] signals a faulting instruction raises (and raises again
 /// if its handler returns).
 fn is_fault(sig: i32) -> bool {
@@ -951,7 +991,11 @@ fn install_handlers() {
             }
         }
         use crate::sigaction::{flush_action, real_sigaction};
-        for sig in FATAL {
+        // The runtime's signals first: its grace-period signal is a free
+        // real-time one, which the loop below would otherwise take.
+        GRACE_SIGNAL.store(ftramp_runtime::grace::signal_number().unwrap_or(0), Relaxed);
+        SIGTRAP_IS_THE_PATCHERS.store(ftramp_runtime::patch::on_foreign_sigtrap(on_fatal), Relaxed);
+        for sig in fatal_signals() {
             let mut old: libc::sigaction = std::mem::zeroed();
             if real_sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
                 continue; // the program (or a library) handles it
@@ -987,8 +1031,8 @@ fn block_sent_signals() {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for sig in FATAL.iter().filter(|&&s| !is_fault(s) && s != libc::SIGSYS) {
-            libc::sigaddset(&mut set, *sig);
+        for sig in fatal_signals().filter(|&s| !is_fault(s) && s != libc::SIGSYS && s != libc::SIGTRAP) {
+            libc::sigaddset(&mut set, sig);
         }
         let mut old: libc::sigset_t = std::mem::zeroed();
         if libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) == 0 {

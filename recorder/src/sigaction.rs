@@ -1,7 +1,7 @@
 //! `sigaction` and `signal` interposers: the recorder's flush handler
 //! stands in for the *default* action of the signals that end a process.
 //!
-//! The recorder installs its handler for those signals ([`FATAL`]) where
+//! The recorder installs its handler for those signals ([`is_fatal`]) where
 //! the program has none, so that a process killed by one still writes what
 //! it recorded.  But a very common pattern replaced it: a program catches
 //! SIGINT or SIGTERM, cleans up, then restores the default action and
@@ -24,7 +24,7 @@
 //! `SIG_HOLD`).  All of them are async-signal-safe (system calls and one
 //! atomic), as `sigaction` and `signal` are: handlers call them.
 
-use crate::session::{on_fatal, FATAL};
+use crate::session::{is_fatal, on_fatal};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -87,7 +87,7 @@ pub(crate) fn stand_in() {
 }
 
 fn stands_in_for(sig: c_int) -> bool {
-    STANDING_IN.load(Relaxed) && FATAL.contains(&sig)
+    STANDING_IN.load(Relaxed) && is_fatal(sig)
 }
 
 /// What the program sees where the recorder's handler is installed.

@@ -1330,6 +1330,73 @@ fn children_killed_at_start_or_at_exit_are_recorded_with_their_end() {
     }
 }
 
+/// Calls made by a program's pthread key destructors at thread exit are
+/// recorded: the runtime's own exit key waits for glibc's last round of
+/// destructors.  Before, its hooks ran first (its key is one of the
+/// first), and the calls of the program's destructors were lost, reported
+/// as nested deeper than a shadow stack holds.
+#[test]
+fn calls_from_key_destructors_at_thread_exit_are_recorded() {
+    let (dir, out) = record_tracee("key-dtors", "function_graph", &["key-dtors"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("not recorded") && !stderr.contains("lost"), "{stderr}");
+    assert_eq!(counters(&out.stdout)[0]["rec_leaf"], 12);
+    let p = &open(&dir).processes[0];
+    check_nesting(p);
+    let got = per_function(p);
+    assert_eq!(count(&got, "rec_leaf"), (12, 12), "{got:?}");
+    assert_eq!(count(&got, "rec_on_key_dtor"), (4, 4), "{got:?}");
+}
+
+/// A process killed by a signal whose default action ends it but that is
+/// not one of the usual ones — its own breakpoint instruction (SIGTRAP, as
+/// googletest's `--gtest_break_on_failure` does), SIGTRAP raised,
+/// SIGSTKFLT, SIGPWR, real-time signals — dies the same way with its
+/// events written and its end recorded.  Before, the whole trace was lost
+/// and `ftramp record` blamed SIGKILL.
+#[test]
+fn a_process_killed_by_any_terminating_signal_is_recorded() {
+    let b = built();
+    let rt = |off: i32| if off > 0 { libc_sigrtmin() + off } else { libc_sigrtmax() + off };
+    for (what, sig, name) in [
+        ("trap", 5, "SIGTRAP".to_string()),
+        ("5", 5, "SIGTRAP".to_string()),
+        ("16", 16, "SIGSTKFLT".to_string()),
+        ("30", 30, "SIGPWR".to_string()),
+        ("rtmin+3", rt(3), "SIGRTMIN+3".to_string()),
+        ("rtmax-3", rt(-3), format!("SIGRTMIN+{}", libc_sigrtmax() - 3 - libc_sigrtmin())),
+    ] {
+        let plain = run_untraced(&b.tracee, &["die-by", what]);
+        let (dir, out) = record_tracee(&format!("die-by-{what}"), "function_graph", &["die-by", what], &[]);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(plain.status.signal(), Some(sig), "{what}: {plain:?}");
+        assert_eq!(out.status.signal(), Some(sig), "{what}: dies the same way: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("without the recorder seeing it end"), "{what}: {stderr}");
+        let p = &open(&dir).processes[0];
+        assert_eq!(p.exit.as_deref(), Some(format!("signal {sig} ({name})").as_str()), "{what}");
+        assert_eq!(count(&per_function(p), "rec_after"), (10, 10), "{what}");
+    }
+}
+
+/// glibc's SIGRTMIN and SIGRTMAX (the first two real-time signals are its own).
+fn libc_sigrtmin() -> i32 {
+    extern "C" {
+        fn __libc_current_sigrtmin() -> i32;
+    }
+    // SAFETY: glibc's function behind SIGRTMIN; no arguments.
+    unsafe { __libc_current_sigrtmin() }
+}
+
+fn libc_sigrtmax() -> i32 {
+    extern "C" {
+        fn __libc_current_sigrtmax() -> i32;
+    }
+    // SAFETY: glibc's function behind SIGRTMAX; no arguments.
+    unsafe { __libc_current_sigrtmax() }
+}
+
 /// A process whose output flush at exit (after the trace was finished)
 /// meets SIGPIPE dies by it, as untraced, and its `exit` line says so
 /// (before, it said `code 0`; one killed by a signal after its finish got

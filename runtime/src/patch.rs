@@ -305,6 +305,26 @@ impl Patcher {
     }
 }
 
+/// Has `f` called, instead of the default action, for a SIGTRAP that is
+/// not the patcher's (a program's own `int3`, `raise(SIGTRAP)`) when no
+/// handler was installed before the patcher's: an embedder that writes
+/// its state before the process dies (the recorder) does so and then ends
+/// the process by the signal itself.  `f` runs in the SIGTRAP handler, so
+/// it must be async-signal-safe.  False where the patcher has no SIGTRAP
+/// handler (the arches without a live protocol): SIGTRAP is the
+/// embedder's to handle there.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub fn on_foreign_sigtrap(f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)) -> bool {
+    signal::set_foreign_default(f);
+    true
+}
+
+/// See the live-protocol arches' version: nothing to hand over here.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub fn on_foreign_sigtrap(_f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)) -> bool {
+    false
+}
+
 /// Replaces `expect` by `new` at the site `addr` (same length): one
 /// [`Patcher::apply`].  Fails without writing if the bytes there are not
 /// `expect`.  Without a live protocol for this arch, a plain checked write

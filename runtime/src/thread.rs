@@ -32,7 +32,9 @@
 //! [`fallback_arms`]).
 //!
 //! The key destructors run at `pthread_exit` after the thread's C++ and
-//! Rust thread-local destructors, so calls those make are still traced.
+//! Rust thread-local destructors, so calls those make are still traced;
+//! ours puts its work off to glibc's last round of key destructors, after
+//! the program's own (see [`key_destructor`]).
 //! The main thread's `exit` runs no key destructors: its resources stay
 //! until the process is gone (atexit handlers may still call traced code).
 
@@ -64,10 +66,13 @@ pub(crate) struct ThreadState {
     pub(crate) in_guarded: Cell<bool>,
     /// [`arm`] ran on this thread.
     armed: Cell<bool>,
+    /// Rounds of key destructors the exit key's has seen on this thread
+    /// (see [`key_destructor`]).
+    exit_round: Cell<u8>,
 }
 
 thread_local! {
-    static THREAD: ThreadState = const { ThreadState { shadow: Shadow::new(), dispatch: AtomicU64::new(0), dispatch_sp: Cell::new(usize::MAX), in_guarded: Cell::new(false), armed: Cell::new(false) } };
+    static THREAD: ThreadState = const { ThreadState { shadow: Shadow::new(), dispatch: AtomicU64::new(0), dispatch_sp: Cell::new(usize::MAX), in_guarded: Cell::new(false), armed: Cell::new(false), exit_round: Cell::new(0) } };
 }
 
 /// This thread's block, as a plain reference so that hot paths compute its
@@ -250,7 +255,31 @@ pub fn fallback_arms() -> u64 {
     FALLBACKS.load(Relaxed)
 }
 
+/// glibc's `PTHREAD_DESTRUCTOR_ITERATIONS`: key destructors run in up to
+/// this many rounds, another round only while some destructor set a value.
+const KEY_ROUNDS: u8 = 4;
+
+/// The exit key's destructor waits for the last round: it sets its value
+/// again in the earlier ones, so that the hooks run (and the shadow stack
+/// goes) after the program's own key destructors, which glibc calls after
+/// ours in each round (our key is one of the first) and which may call
+/// traced functions (googletest's `ThreadLocal` deletes its values there;
+/// their calls were lost before the twenty-first session, counted as
+/// shadow-stack misses).
 extern "C" fn key_destructor(_value: *mut libc::c_void) {
+    let t = this();
+    let round = t.exit_round.get() + 1;
+    t.exit_round.set(round);
+    if round < KEY_ROUNDS {
+        if let Some(k) = key() {
+            // SAFETY: `k` is our live key; as in `arm_with`, a key below 32
+            // keeps its value in the thread descriptor (no allocation).
+            let set = unsafe { libc::pthread_setspecific(k, std::ptr::NonNull::<libc::c_void>::dangling().as_ptr()) };
+            if set == 0 {
+                return;
+            }
+        }
+    }
     run_exit_hooks();
 }
 
@@ -319,7 +348,7 @@ static CREATE_KEY_AT_LOAD: extern "C" fn() = {
 /// cannot be arranged (the key cannot be set, or, in the fallback, the
 /// thread's thread-locals are being destroyed): callers then leave the
 /// call untraced.  A thread whose hooks already ran arms again (glibc then
-/// runs the destructor another round).
+/// runs the destructor another round) unless that was the last round.
 #[cold]
 pub fn arm() -> bool {
     arm_with(key())
@@ -329,6 +358,11 @@ fn arm_with(key: Option<libc::pthread_key_t>) -> bool {
     let t = this();
     if t.armed.get() {
         return true;
+    }
+    if t.exit_round.get() >= KEY_ROUNDS {
+        // The key's last round has run: nothing would release what a
+        // traced call takes now, so the call is left untraced.
+        return false;
     }
     match key {
         Some(k) if (k as usize) < KEY_2NDLEVEL_SIZE => {
@@ -685,5 +719,49 @@ mod tests {
         // A thread that never armed runs no hook.
         std::thread::spawn(|| MARKED.with(|m| m.set(true))).join().unwrap();
         assert_eq!(MARKED_EXITS.load(SeqCst), 2);
+    }
+
+    thread_local! {
+        static LATE: Cell<bool> = const { Cell::new(false) };
+    }
+    static LATE_EXITS: AtomicU64 = AtomicU64::new(0);
+    /// What the program's key destructor saw: exits counted, armed.
+    static SEEN_BY_PROGRAM_DTOR: AtomicU64 = AtomicU64::new(u64::MAX);
+
+    extern "C" fn count_late() {
+        if LATE.try_with(Cell::get).unwrap_or(false) {
+            LATE_EXITS.fetch_add(1, SeqCst);
+        }
+    }
+
+    extern "C" fn program_dtor(_: *mut libc::c_void) {
+        SEEN_BY_PROGRAM_DTOR.store(LATE_EXITS.load(SeqCst) * 2 + this().armed.get() as u64, SeqCst);
+    }
+
+    /// A program's key destructor (its key made after the runtime's, so
+    /// glibc calls it after ours in each round) runs while the thread is
+    /// still armed and before the exit hooks, which then run once: what it
+    /// traces is recorded, where before the shadow stack and the
+    /// recorder's buffer were already gone.
+    #[test]
+    fn a_programs_key_destructors_run_before_the_exit_hooks() {
+        assert!(on_exit(count_late));
+        let ours = key().expect("the exit key");
+        let mut k: libc::pthread_key_t = 0;
+        // SAFETY: a valid out-pointer and an extern "C" destructor.
+        assert_eq!(unsafe { libc::pthread_key_create(&mut k, Some(program_dtor)) }, 0);
+        assert!(k > ours, "the program's key comes after the runtime's");
+        std::thread::spawn(move || {
+            LATE.with(|m| m.set(true));
+            assert!(arm());
+            // SAFETY: our live key; any non-null value.
+            assert_eq!(unsafe { libc::pthread_setspecific(k, std::ptr::dangling::<libc::c_void>()) }, 0);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(SEEN_BY_PROGRAM_DTOR.load(SeqCst), 1, "no hook had run, and the thread was armed");
+        assert_eq!(LATE_EXITS.load(SeqCst), 1, "the hooks ran after it, once");
+        // SAFETY: our key, no longer set on any thread.
+        unsafe { libc::pthread_key_delete(k) };
     }
 }

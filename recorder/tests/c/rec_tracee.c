@@ -291,6 +291,23 @@ __attribute__((noinline)) void rec_reraise_sigset(int sig)
     raise(sig);
 }
 
+/* A pthread key destructor that calls traced functions at thread exit
+ * (googletest's ThreadLocal deletes its values there). */
+static pthread_key_t dtor_key;
+
+__attribute__((noinline)) void rec_on_key_dtor(void *v)
+{
+    rec_leaf((long)v);
+    rec_leaf((long)v);
+}
+
+static void *key_worker(void *arg)
+{
+    pthread_setspecific(dtor_key, arg);
+    rec_leaf((long)arg);
+    return NULL;
+}
+
 static void counts(void)
 {
     printf("rec_fib %ld\nrec_leaf %ld\nrec_worker %ld\nrec_spin %ld\nrec_quick %ld\nrec_slow %ld\n"
@@ -829,6 +846,41 @@ int main(int argc, char **argv)
         }
         printf("children %ld\n", n);
         return 0;
+    }
+    if (!strcmp(mode, "key-dtors")) {
+        /* 4 threads, each 1 call of rec_leaf and 2 more in its key's
+         * destructor at its exit. */
+        pthread_key_create(&dtor_key, rec_on_key_dtor);
+        for (long i = 0; i < 4; i++) {
+            pthread_t t;
+            pthread_create(&t, NULL, key_worker, (void *)(i + 1));
+            pthread_join(t, NULL);
+        }
+        counts();
+        return 0;
+    }
+    if (!strcmp(mode, "die-by")) {
+        /* Dies by a signal with no handler: "trap" (int3 / brk, a
+         * program's own breakpoint, as googletest's break-on-failure),
+         * "rtmin+3", "rtmax-3" or a number, raised. */
+        const char *what = argv[2];
+        for (int i = 0; i < 10; i++)
+            rec_after();
+        counts();
+        fflush(stdout);
+        if (!strcmp(what, "trap")) {
+#if defined(__x86_64__)
+            __asm__ volatile("int3");
+#elif defined(__aarch64__)
+            __asm__ volatile("brk #0");
+#else
+            raise(SIGTRAP);
+#endif
+            return 9;
+        }
+        int sig = !strcmp(what, "rtmin+3") ? SIGRTMIN + 3 : !strcmp(what, "rtmax-3") ? SIGRTMAX - 3 : atoi(what);
+        raise(sig);
+        return 9;
     }
     if (!strcmp(mode, "sigpipe-at-exit")) {
         /* Output buffered for a pipe nobody reads: exit's flush, after

@@ -63,6 +63,16 @@ const _: () = assert!(std::mem::size_of::<libc::siginfo_t>() == 128);
 
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
+/// Called instead of the default action for a SIGTRAP that is not ours
+/// when the previous disposition was `SIG_DFL` (0: none; see
+/// [`crate::patch::on_foreign_sigtrap`]).
+static FOREIGN_DEFAULT: AtomicUsize = AtomicUsize::new(0);
+
+/// See [`crate::patch::on_foreign_sigtrap`].
+pub(crate) fn set_foreign_default(f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)) {
+    FOREIGN_DEFAULT.store(f as usize, Release);
+}
+
 /// Installs the handler (once per process).
 pub(crate) fn install() -> Result<(), RuntimeError> {
     static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
@@ -122,6 +132,13 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     let Some(prev) = PREVIOUS.get() else { return };
     match prev.sa_sigaction {
         libc::SIG_IGN => {}
+        libc::SIG_DFL if FOREIGN_DEFAULT.load(Acquire) != 0 => {
+            // The embedder's stand-in for the default action (the
+            // recorder's: it writes the trace, then dies by the signal).
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(FOREIGN_DEFAULT.load(Acquire));
+            f(sig, info, ctx)
+        }
         libc::SIG_DFL => {
             // Default action (core dump): restore it and re-send; the
             // signal is blocked until this handler returns, then kills.
