@@ -9,7 +9,9 @@
 //! enough writes the pending ENTRYs of its unwritten ancestors, then its
 //! own ENTRY (original times) and its EXIT.  Written frames always form the
 //! bottom of the stack (writing a frame writes its ancestors), so one
-//! per-thread counter (`written`) says which are written.
+//! per-thread counter (`written`) says which are written.  Calls deeper
+//! than the [`DEPTH_SLOTS`] that can be kept pending are written at once,
+//! whatever their duration.
 //!
 //! function_graph's common case has a fast path per callback, a leaf
 //! function without calls (so no registers to save): no depth limit or
@@ -146,11 +148,23 @@ extern "C" fn graph_entry_slow(ent: &GraphEnt, user: &Fgraph) -> bool {
         l.open.set(d + 1);
         return true;
     }
-    // Too deep to keep pending, or no slot (none free, or the thread is
-    // exiting): counted.
-    let Some((c, t)) = l.depths_claimed().and_then(|dp| Some((dp.ids.get(d)?, dp.times.get(d)?))) else {
+    // No slot (none free, or the thread is exiting): counted.
+    let Some(dp) = l.depths_claimed() else {
         l.lose(1);
         return false;
+    };
+    let (Some(c), Some(t)) = (dp.ids.get(d), dp.times.get(d)) else {
+        // Too deep to keep pending: written at once, after its pending
+        // ancestors (those deeper than DEPTH_SLOTS were written so too),
+        // whatever its duration — deep recursion whose innermost call is
+        // long was lost whole before, ancestors included.
+        let w = l.written.get();
+        for i in w.min(DEPTH_SLOTS)..DEPTH_SLOTS {
+            l.emit(Event::entry(dp.ids[i].load(Relaxed), 0), dp.times[i].load(Relaxed));
+        }
+        l.emit(Event::entry(id, 0), now);
+        l.written.set(d + 1);
+        return true;
     };
     c.store(id, Relaxed);
     t.store(now, Relaxed);
@@ -202,6 +216,9 @@ extern "C" fn graph_return_slow(ret: &GraphRet, user: &Fgraph) {
         return;
     }
     if d >= DEPTH_SLOTS {
+        // Written at its entry (see graph_entry_slow).
+        l.emit_exit(id, now);
+        l.written.set(d);
         return;
     }
     let Some(dp) = l.depths() else {

@@ -839,6 +839,32 @@ fn short_leaf_calls_take_one_word_and_long_ones_keep_their_time() {
     assert_eq!(spins, 3);
 }
 
+/// With a minimum duration, recursion deeper than the 256 levels kept
+/// pending whose innermost call is long is recorded: the long call and
+/// all its ancestors (the levels past 256 are written as they come,
+/// whatever their duration, so their quick calls beside are kept too).
+/// Before, every call past level 256 was dropped, ancestors of the long
+/// one included, and reported as lost to full buffers.
+#[test]
+fn min_duration_keeps_a_long_call_under_deep_recursion() {
+    let n = 400;
+    let (dir, out) = record_tracee("deep-slow", "function_graph", &["deep-slow", &n.to_string()], &[("FTRAMP_MIN_DURATION", "1ms")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("lost") && !stderr.contains("not recorded"), "{stderr}");
+    assert_eq!(counters(&out.stdout)[0]["rec_deep_slow"], n + 1);
+    let p = &open(&dir).processes[0];
+    assert!(check_nesting(p) >= n as usize + 2, "main, {} levels and rec_spin nested", n + 1);
+    let got = per_function(p);
+    assert_eq!(count(&got, "rec_deep_slow"), (n + 1, n + 1), "{got:?}");
+    assert_eq!(count(&got, "rec_spin"), (1, 1), "{got:?}");
+    // The quick rec_leaf beside each level: kept past level 256 (main is
+    // level 0, rec_deep_slow(n - k) level k + 1), dropped below it but
+    // for a preempted one.
+    let leaves = count(&got, "rec_leaf").0;
+    assert!((n + 1 - 256..n + 1 - 256 + 20).contains(&leaves), "{leaves}");
+}
+
 #[test]
 fn fork_child_is_its_own_process() {
     // qemu-user 7.2 aborts (`qemu_plugin_vcpu_init_hook: assertion failed`)

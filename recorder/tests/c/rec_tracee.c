@@ -64,6 +64,20 @@ __attribute__((noinline)) long rec_deep(long n) { return n > 0 ? rec_deep(n - 1)
 
 __attribute__((noinline)) void rec_crash(volatile int *p) { rec_before(); *p = 1; }
 
+/* Recursion n deep whose innermost call spins 2 ms, and a quick call
+ * beside it at each level (a sibling, not an ancestor, of the long one). */
+__attribute__((noinline)) long rec_deep_slow(long n)
+{
+    if (n == 0) {
+        rec_spin(2000000);
+        return 0;
+    }
+    long r = rec_deep_slow(n - 1);
+    rec_leaf(n);
+    __asm__ volatile("" ::: "memory");
+    return r + 1;
+}
+
 /* The room a PTHREAD_STACK_MIN thread has below its start routine (glibc
  * takes the static TLS of every library out of a thread's stack). */
 __attribute__((noinline)) void *rec_stack_room(void *arg)
@@ -845,6 +859,12 @@ int main(int argc, char **argv)
             printf("end_%d %d\n", (int)c, WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st));
         }
         printf("children %ld\n", n);
+        return 0;
+    }
+    if (!strcmp(mode, "deep-slow")) {
+        long n = atol(argv[2]);
+        printf("rec_deep_slow %ld\n", rec_deep_slow(n) + 1);
+        counts();
         return 0;
     }
     if (!strcmp(mode, "key-dtors")) {
