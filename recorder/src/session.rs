@@ -131,6 +131,15 @@ fn start_with(opts: Options) -> Result<(), String> {
     if main_sites == 0 && opts.record_pid.is_none() {
         say(&no_sites_advice(&exe_path()));
     }
+    // Once per run: in the program `ftramp record` started (not in each
+    // image it execs or forks).
+    // SAFETY: getppid cannot fail.
+    let parent = unsafe { libc::getppid() } as u32;
+    if opts.record_pid.is_none() || opts.record_pid == Some(parent) {
+        for m in disc.modules().iter().filter(|m| m.unlisted > 0) {
+            say(&unlisted_warning(&m.name, m.unlisted));
+        }
+    }
     let mut st = State {
         disc,
         sites: HashMap::new(),
@@ -174,6 +183,18 @@ pub fn started() -> bool {
 /// (one load, no system call: [`started`] without the pid test).
 pub fn started_here_or_before_fork() -> bool {
     STARTED.load(Relaxed)
+}
+
+/// The warning for a module with functions that have sites but are in
+/// no site table ([`sites::Module::unlisted`]).
+pub fn unlisted_warning(module: &str, n: usize) -> String {
+    let (fns, begin, are) = if n == 1 { ("function", "begins", "is") } else { ("functions", "begin", "are") };
+    format!(
+        "{module}: {n} {fns} {begin} with a patch site's NOPs but {are} missing from its site table, so {} untraced: \
+         g++ 12 drops a C++ file's table when the first function it emits is a template or inline function \
+         whose copy from another object is kept; build C++ with clang++ (see the README)",
+        if n == 1 { "it runs" } else { "they run" }
+    )
 }
 
 /// The advice printed when the main program has no patch sites.

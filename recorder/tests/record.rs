@@ -1375,6 +1375,43 @@ fn calls_from_key_destructors_at_thread_exit_are_recorded() {
     assert_eq!(count(&got, "rec_on_key_dtor"), (4, 4), "{got:?}");
 }
 
+/// A C++ program built with g++ 12, whose second file's site table the
+/// link drops (g++ ties the file's table to its first function, a template
+/// instance whose copy from the first file is kept): every function built
+/// with a site is either traced or named in a warning, never silently
+/// left out.  (A g++ without that bug traces `from_a`, and nothing is
+/// said.)
+#[test]
+fn functions_whose_site_table_the_link_lost_are_reported() {
+    let spec = ftramp_codegen::Spec::builtin(ftramp_runtime_arch()).expect("host spec");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lost-table");
+    std::fs::create_dir_all(&dir).unwrap();
+    let h = "template <typename T> struct Base { virtual ~Base(); T v{}; };\n\
+             template <typename T> Base<T>::~Base() { __asm__ volatile(\"\" ::: \"memory\"); }\n";
+    std::fs::write(dir.join("h.h"), h).unwrap();
+    // a.cc's first function is the template instance, b.cc has it too.
+    std::fs::write(dir.join("a.cc"), "#include \"h.h\"\ntemplate struct Base<int>;\nint from_a(int x) { return x + 1; }\n").unwrap();
+    std::fs::write(dir.join("b.cc"), "#include \"h.h\"\ntemplate struct Base<int>;\nint from_a(int);\nint main() { return from_a(1) - 2; }\n").unwrap();
+    let cxx = compiler().replace("gcc", "g++").replace("cc", "c++");
+    let flags: Vec<&str> = spec.raw.site.flags.split_whitespace().collect();
+    for f in ["a", "b"] {
+        let st = Command::new(&cxx).current_dir(&dir).args(["-O2", "-c", &format!("{f}.cc"), "-o", &format!("{f}.o")]).args(&flags).status().unwrap();
+        assert!(st.success(), "{cxx} {f}.cc");
+    }
+    // b.o first: its copy of Base<int>'s destructor is the one kept.
+    let st = Command::new(&cxx).current_dir(&dir).args(["b.o", "a.o", "-o", "prog"]).status().unwrap();
+    assert!(st.success(), "link");
+    let trace = trace_dir("lost-table", "function_graph");
+    let out = record(&trace, &dir.join("prog"), &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warned = stderr.contains("prog: 1 function begins with a patch site's NOPs but is missing from its site table");
+    let got = per_function(&open(&trace).processes[0]);
+    let traced = got.iter().any(|(name, &(entries, _))| name.contains("from_a") && entries == 1);
+    assert!(warned != traced, "from_a traced {traced}, warned {warned}: {got:?}\n{stderr}");
+    assert_eq!(count(&got, "main"), (1, 1), "{got:?}");
+}
+
 /// A process killed by a signal whose default action ends it but that is
 /// not one of the usual ones — its own breakpoint instruction (SIGTRAP, as
 /// googletest's `--gtest_break_on_failure` does), SIGTRAP raised,

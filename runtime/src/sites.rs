@@ -215,6 +215,13 @@ pub struct Module {
     /// Zero entries in the tables (padding, or functions the linker
     /// discarded): skipped, as Linux's `ftrace_process_locs` does.
     pub null_entries: usize,
+    /// Functions that begin with a site's NOPs but are in no table: the
+    /// compiler made their sites and the link lost their table (g++ 12
+    /// ties a C++ file's table to its first function, and drops it with
+    /// that function when another object's copy of it is kept; see the
+    /// README).  Only counted where the file has a table (symbols are read
+    /// only then).
+    pub unlisted: usize,
     pub symbols: SymbolSource,
     key: Key,
 }
@@ -557,6 +564,7 @@ fn read_module(
         sites: Vec::new(),
         refused: Vec::new(),
         null_entries: 0,
+        unlisted: 0,
         symbols: file.symbol_source,
         key: obj.key(),
     };
@@ -603,7 +611,30 @@ fn read_module(
     module.sites.dedup_by_key(|s| s.addr);
     module.refused.sort_by_key(|r| r.addr);
     module.refused.dedup_by_key(|r| r.addr);
+    module.unlisted = unlisted(live, file, spec, &module);
     Ok(module)
+}
+
+/// Functions of `file` whose entry (after a landing pad) holds a site's
+/// NOPs and is not one of `module`'s sites (see [`Module::unlisted`]).
+fn unlisted(live: Live<'_>, file: &elf::Parsed, spec: &Spec, module: &Module) -> usize {
+    let obj = live.obj;
+    file.symbols
+        .iter()
+        .filter(|s| s.size as usize >= spec.site_len)
+        .filter(|s| {
+            let start = obj.bias.wrapping_add(s.start as usize);
+            let pad = arch::landing_pads()
+                .iter()
+                .find(|p| live.read(start, p.len()).is_some_and(|b| b == **p))
+                .map_or(0, |p| p.len());
+            let at = start + pad;
+            obj.in_text(at, spec.site_len)
+                && module.sites.binary_search_by_key(&at, |x| x.addr).is_err()
+                && module.refused.binary_search_by_key(&at, |r| r.addr).is_err()
+                && live.read(at, spec.site_len).is_some_and(|b| spec.nops.contains(&b))
+        })
+        .count()
 }
 
 /// Turns one recorded address into a site, or says why it is refused.
