@@ -586,11 +586,15 @@ impl Local {
     #[inline(always)]
     pub fn try_emit_in(slot: &Slot, base: u64, now: u64) -> bool {
         let wp = slot.wp.load(Relaxed);
-        if wp >= slot.end.load(Relaxed) {
-            return false;
-        }
-        let delta = now.wrapping_sub(slot.prev.load(Relaxed));
-        if delta > u32::MAX as u64 {
+        Self::append(slot, wp, now.wrapping_sub(slot.prev.load(Relaxed)), base, now)
+    }
+
+    /// The word `base` with `delta` appended at `wp` (`slot`'s write
+    /// pointer, as loaded by the caller) and committed, when the buffer has
+    /// room and the delta fits the word; false (nothing done) otherwise.
+    #[inline(always)]
+    fn append(slot: &Slot, wp: *mut u64, delta: u64, base: u64, now: u64) -> bool {
+        if wp >= slot.end.load(Relaxed) || delta > u32::MAX as u64 {
             return false;
         }
         // SAFETY: wp < end, a payload word of the buffer this thread owns.
@@ -627,14 +631,7 @@ impl Local {
                 return true;
             }
         }
-        if wp >= slot.end.load(Relaxed) || delta > u32::MAX as u64 {
-            return false;
-        }
-        // SAFETY: wp < end, a payload word of the buffer this thread owns.
-        unsafe { wp.write(Event::exit(id, 0) | delta << 32) };
-        slot.prev.store(now, Relaxed);
-        slot.wp.store(wp.wrapping_add(1), Release);
-        true
+        Self::append(slot, wp, delta, Event::exit(id, 0), now)
     }
 
     /// Appends the EXIT of `id` at `now`: a LEAF in place of its ENTRY when

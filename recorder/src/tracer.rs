@@ -21,7 +21,7 @@
 //! the buffer.  Anything else goes to the general path, out of line.
 
 use crate::ids::{lookup, lookup_published, NO_ID};
-use crate::pool::{emit, local_cached, local_if_cached, lose, Local, DEPTH_SLOTS};
+use crate::pool::{emit, local_cached, local_if_cached, lose, Depths, Local, DEPTH_SLOTS};
 use ftramp_runtime::clock::ticks;
 use ftramp_runtime::fgraph::{Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::ops::Ops;
@@ -158,10 +158,7 @@ extern "C" fn graph_entry_slow(ent: &GraphEnt, user: &Fgraph) -> bool {
         // ancestors (those deeper than DEPTH_SLOTS were written so too),
         // whatever its duration — deep recursion whose innermost call is
         // long was lost whole before, ancestors included.
-        let w = l.written.get();
-        for i in w.min(DEPTH_SLOTS)..DEPTH_SLOTS {
-            l.emit(Event::entry(dp.ids[i].load(Relaxed), 0), dp.times[i].load(Relaxed));
-        }
+        write_pending(l, dp, l.written.get().min(DEPTH_SLOTS)..DEPTH_SLOTS);
         l.emit(Event::entry(id, 0), now);
         l.written.set(d + 1);
         return true;
@@ -232,11 +229,17 @@ extern "C" fn graph_return_slow(ret: &GraphRet, user: &Fgraph) {
         l.emit_exit(id, now);
         l.written.set(d);
     } else if now.wrapping_sub(dp.times[d].load(Relaxed)) >= min {
-        for i in w..=d {
-            l.emit(Event::entry(dp.ids[i].load(Relaxed), 0), dp.times[i].load(Relaxed));
-        }
+        write_pending(l, dp, w..d + 1);
         l.emit_exit(id, now);
         l.written.set(d);
+    }
+}
+
+/// Writes the pending ENTRYs (minimum duration) of the calls at `depths`,
+/// with their entry times.
+fn write_pending(l: &Local, dp: &Depths, depths: std::ops::Range<usize>) {
+    for i in depths {
+        l.emit(Event::entry(dp.ids[i].load(Relaxed), 0), dp.times[i].load(Relaxed));
     }
 }
 

@@ -615,6 +615,12 @@ fn read_module(
     Ok(module)
 }
 
+/// The length of the landing pad (`endbr64`, `bti c`) a function at
+/// `start` begins with, 0 if none: its site follows the pad.
+fn landing_pad_len(live: Live<'_>, start: usize) -> usize {
+    arch::landing_pads().iter().find(|p| live.read(start, p.len()).is_some_and(|b| b == **p)).map_or(0, |p| p.len())
+}
+
 /// Functions of `file` whose entry (after a landing pad) holds a site's
 /// NOPs and is not one of `module`'s sites (see [`Module::unlisted`]).
 fn unlisted(live: Live<'_>, file: &elf::Parsed, spec: &Spec, module: &Module) -> usize {
@@ -624,11 +630,7 @@ fn unlisted(live: Live<'_>, file: &elf::Parsed, spec: &Spec, module: &Module) ->
         .filter(|s| s.size as usize >= spec.site_len)
         .filter(|s| {
             let start = obj.bias.wrapping_add(s.start as usize);
-            let pad = arch::landing_pads()
-                .iter()
-                .find(|p| live.read(start, p.len()).is_some_and(|b| b == **p))
-                .map_or(0, |p| p.len());
-            let at = start + pad;
+            let at = start + landing_pad_len(live, start);
             obj.in_text(at, spec.site_len)
                 && module.sites.binary_search_by_key(&at, |x| x.addr).is_err()
                 && module.refused.binary_search_by_key(&at, |r| r.addr).is_err()
@@ -667,10 +669,7 @@ fn classify(
         elf::Place::Before(s) => {
             let start = sym_addr(s);
             let pre = live.read(record, start - record).unwrap_or_default();
-            let pad = arch::landing_pads()
-                .iter()
-                .find(|p| live.read(start, p.len()).is_some_and(|b| b == **p))
-                .map_or(0, |p| p.len());
+            let pad = landing_pad_len(live, start);
             if all_nops(&pre, units) {
                 (Some(s), start + pad, start - record)
             } else if file.symbol_source == SymbolSource::Symtab {

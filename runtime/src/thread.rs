@@ -270,15 +270,8 @@ extern "C" fn key_destructor(_value: *mut libc::c_void) {
     let t = this();
     let round = t.exit_round.get() + 1;
     t.exit_round.set(round);
-    if round < KEY_ROUNDS {
-        if let Some(k) = key() {
-            // SAFETY: `k` is our live key; as in `arm_with`, a key below 32
-            // keeps its value in the thread descriptor (no allocation).
-            let set = unsafe { libc::pthread_setspecific(k, std::ptr::NonNull::<libc::c_void>::dangling().as_ptr()) };
-            if set == 0 {
-                return;
-            }
-        }
+    if round < KEY_ROUNDS && key().is_some_and(set_exit_key) {
+        return;
     }
     run_exit_hooks();
 }
@@ -366,10 +359,7 @@ fn arm_with(key: Option<libc::pthread_key_t>) -> bool {
     }
     match key {
         Some(k) if (k as usize) < KEY_2NDLEVEL_SIZE => {
-            // SAFETY: `k` is a live key; for keys below 32 glibc stores the
-            // value in the thread descriptor (no allocation).  The value
-            // only needs to be non-null for the destructor to run.
-            if unsafe { libc::pthread_setspecific(k, std::ptr::NonNull::<libc::c_void>::dangling().as_ptr()) } != 0 {
+            if !set_exit_key(k) {
                 return false;
             }
         }
@@ -382,6 +372,15 @@ fn arm_with(key: Option<libc::pthread_key_t>) -> bool {
     }
     t.armed.set(true);
     true
+}
+
+/// Sets this thread's value of the exit key `k` (one of glibc's first 32
+/// keys), so that its destructor runs at the thread's exit.
+fn set_exit_key(k: libc::pthread_key_t) -> bool {
+    // SAFETY: `k` is the live exit key; for keys below 32 glibc stores the
+    // value in the thread descriptor (no allocation).  The value only
+    // needs to be non-null for the destructor to run.
+    unsafe { libc::pthread_setspecific(k, std::ptr::NonNull::<libc::c_void>::dangling().as_ptr()) == 0 }
 }
 
 /// The fallback: a thread-local whose destructor runs the hooks.

@@ -548,12 +548,15 @@ fn parse_trace_info(path: &Path, text: &str, problems: &mut Vec<TraceError>) -> 
     for (k, v) in &t {
         match k.as_str() {
             "version" => match value_u64(v) {
-                Some(n @ 1..=2) => info.version = n as u32,
+                Some(n) if (format::MIN_VERSION as u64..=format::VERSION as u64).contains(&n) => info.version = n as u32,
                 _ => problems.push(TraceError::Invalid {
                     path: path.to_path_buf(),
                     what: format!(
-                        "version {} (this reader knows 1 and 2); reading it as version 2",
-                        value_str(v)
+                        "version {} (this reader knows {} to {}); reading it as version {}",
+                        value_str(v),
+                        format::MIN_VERSION,
+                        format::VERSION,
+                        format::VERSION
                     ),
                 }),
             },
