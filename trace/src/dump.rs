@@ -11,7 +11,7 @@
 //!   stacks start with a process frame (`exe [pid]`) and a thread frame (`tid N`);
 //!   `function` tracer traces count calls instead of time.
 
-use crate::calls::{CallTree, End, Node};
+use crate::calls::{End, Step, Walk};
 use crate::read::Trace;
 use crate::replay::{name, names_of, Select};
 use std::borrow::Cow;
@@ -106,44 +106,53 @@ pub fn chrome(trace: &Trace, select: &Select, out: &mut dyn Write) -> io::Result
                     ),
                 )?;
             }
-            let tree = CallTree::build(t, has_exits);
-            let mut work: Vec<(Node, bool)> =
-                tree.roots.iter().rev().map(|&n| (n, false)).collect();
-            while let Some((node, close)) = work.pop() {
-                let (n, cat, ph, ns, args) = match node {
-                    Node::Lost { ns, what } => {
-                        let n = json_str(&what.to_string());
-                        (Cow::Owned(n), "lost", "i\",\"s\":\"t", ns, "")
-                    }
-                    Node::Call(c) => {
-                        let call = &tree.calls[c];
-                        let n = match jnames.get(call.func as usize) {
-                            Some(n) => Cow::Borrowed(n.as_str()),
-                            None => Cow::Owned(json_str(&format!("#{}", call.func))),
+            let mut result = Ok(());
+            Walk::thread(t, has_exits, |s| {
+                if result.is_err() {
+                    return;
+                }
+                let func_name = |f: u32| match jnames.get(f as usize) {
+                    Some(n) => Cow::Borrowed(n.as_str()),
+                    None => Cow::Owned(json_str(&format!("#{f}"))),
+                };
+                const INSTANT: &str = "i\",\"s\":\"t";
+                let (n, cat, ph, ns, args) = match s {
+                    Step::Lost { ns, what, .. } => (
+                        Cow::Owned(json_str(&what.to_string())),
+                        "lost",
+                        INSTANT,
+                        ns,
+                        "",
+                    ),
+                    Step::Enter { func, ns, .. } => (
+                        func_name(func),
+                        "function",
+                        if has_exits { "B" } else { INSTANT },
+                        ns,
+                        "",
+                    ),
+                    Step::Leave {
+                        end: End::NoExit, ..
+                    } => return,
+                    Step::Leave {
+                        func, end, at_ns, ..
+                    } => {
+                        let args = match end {
+                            End::Unwound(_) => ",\"args\":{\"unwound\":true}",
+                            End::Unfinished => ",\"args\":{\"unfinished\":true}",
+                            End::Returned(_) | End::NoExit => "",
                         };
-                        if call.end == End::NoExit {
-                            (n, "function", "i\",\"s\":\"t", call.entry_ns, "")
-                        } else if !close {
-                            work.push((node, true));
-                            work.extend(call.children.iter().rev().map(|&k| (k, false)));
-                            (n, "function", "B", call.entry_ns, "")
-                        } else {
-                            let args = match call.end {
-                                End::Unwound(_) => ",\"args\":{\"unwound\":true}",
-                                End::Unfinished => ",\"args\":{\"unfinished\":true}",
-                                End::Returned(_) | End::NoExit => "",
-                            };
-                            (n, "function", "E", tree.end_or_last(c), args)
-                        }
+                        (func_name(func), "function", "E", at_ns, args)
                     }
                 };
                 // Never the first element: the process's process_name came before.
-                write!(
+                result = write!(
                     out,
                     ",\n{{\"name\":{n},\"cat\":\"{cat}\",\"ph\":\"{ph}\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}{args}}}",
                     Us(ns.saturating_sub(start))
-                )?;
-            }
+                );
+            });
+            result?;
         }
     }
     writeln!(out, "\n]}}")
@@ -165,50 +174,60 @@ pub fn folded(trace: &Trace, opts: &FoldOptions) -> Vec<String> {
     for p in trace.processes.iter().filter(|p| opts.select.process(p)) {
         let names: Vec<String> = names_of(p).into_iter().map(|n| frame(&n)).collect();
         for t in p.threads.iter().filter(|t| opts.select.thread(t)) {
-            let tree = CallTree::build(t, has_exits);
             let prefix = if opts.merged {
                 String::new()
             } else {
                 format!("{} [{}];tid {};", frame(p.short_name()), p.pid, t.tid)
             };
-            // The current stack as a string, and where each frame starts in it.
+            // The current stack as a string; per open call, the path length before it
+            // and the time of its direct children that ended.
             let mut path = prefix.clone();
-            let mut marks: Vec<(usize, usize)> = Vec::new(); // (call, path length before it)
-            for (c, parent) in tree.preorder() {
-                while let Some(&(top, len)) = marks.last() {
-                    if Some(top) == parent {
-                        break;
+            let mut marks: Vec<(usize, u64)> = Vec::new();
+            Walk::thread(t, has_exits, |s| match s {
+                Step::Enter { func, .. } => {
+                    let before = path.len();
+                    if marks.len() < MAX_FOLDED_DEPTH {
+                        if !marks.is_empty() {
+                            path.push(';');
+                        }
+                        path.push_str(&name(&names, func));
+                    } else if marks.len() == MAX_FOLDED_DEPTH {
+                        path.push_str(";[deeper]");
                     }
-                    marks.pop();
-                    path.truncate(len);
+                    marks.push((before, 0));
                 }
-                let call = &tree.calls[c];
-                let before = path.len();
-                if marks.len() < MAX_FOLDED_DEPTH {
-                    if marks.is_empty() {
-                        path.truncate(prefix.len());
+                Step::Leave {
+                    entry_ns,
+                    end,
+                    at_ns,
+                    ..
+                } => {
+                    let Some((before, children)) = marks.pop() else {
+                        return;
+                    };
+                    // Self time (unfinished calls until the thread's last event); a
+                    // call of an entries-only trace counts 1.
+                    let total = at_ns - entry_ns;
+                    let value = if end == End::NoExit {
+                        1
                     } else {
-                        path.push(';');
-                    }
-                    path.push_str(&name(&names, call.func));
-                } else if marks.len() == MAX_FOLDED_DEPTH {
-                    path.push_str(";[deeper]");
-                }
-                marks.push((c, before));
-                let value = if call.end == End::NoExit {
-                    Some(1)
-                } else {
-                    self_or_last(&tree, c)
-                };
-                if let Some(v) = value.filter(|&v| v > 0) {
-                    match stacks.get_mut(&path) {
-                        Some(e) => *e = e.saturating_add(v),
-                        None => {
-                            stacks.insert(path.clone(), v);
+                        total.saturating_sub(children)
+                    };
+                    if value > 0 {
+                        match stacks.get_mut(&path) {
+                            Some(e) => *e = e.saturating_add(value),
+                            None => {
+                                stacks.insert(path.clone(), value);
+                            }
                         }
                     }
+                    path.truncate(before);
+                    if let Some(parent) = marks.last_mut() {
+                        parent.1 = parent.1.saturating_add(total);
+                    }
                 }
-            }
+                Step::Lost { .. } => {}
+            });
         }
     }
     stacks
@@ -222,26 +241,288 @@ fn frame(n: &str) -> String {
     n.replace([';', '\n', '\r'], ":")
 }
 
-/// Self time of a call, unfinished calls running until the thread's last event.
-fn self_or_last(tree: &CallTree, c: usize) -> Option<u64> {
-    let call = &tree.calls[c];
-    let total = tree.end_or_last(c) - call.entry_ns;
-    let children: u64 = call
-        .children
-        .iter()
-        .filter_map(|n| match *n {
-            Node::Call(k) if tree.calls[k].end != End::NoExit => {
-                Some(tree.end_or_last(k) - tree.calls[k].entry_ns)
-            }
-            _ => None,
-        })
-        .fold(0, u64::saturating_add);
-    Some(total.saturating_sub(children))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::calls::{CallTree, Node};
+    use crate::read::{Event, EventKind, Loss, Lost, Process, Thread, TraceInfo};
+
+    // The Chrome and folded writers as they were over the whole call tree: the models
+    // the streaming ones must match.
+    fn tree_chrome(trace: &Trace, select: &Select, out: &mut dyn Write) -> io::Result<()> {
+        let has_exits = trace.info.has_exits();
+        let start = trace.start_ns();
+        writeln!(out, "{{\"displayTimeUnit\":\"ns\",")?;
+        writeln!(
+            out,
+            "\"otherData\":{{\"trace\":{},\"tracer\":{},\"command\":{},\"start_ns\":{start}}},",
+            json_str(&trace.dir.display().to_string()),
+            json_str(&trace.info.tracer),
+            json_str(&trace.info.command.join(" "))
+        )?;
+        write!(out, "\"traceEvents\":[")?;
+        let mut first = true;
+        let mut ev = |out: &mut dyn Write, body: String| -> io::Result<()> {
+            let sep = if first { "\n" } else { ",\n" };
+            first = false;
+            write!(out, "{sep}{body}")
+        };
+        // One process_name per pid (exec'd images share the pid): their names joined.
+        let mut pid_names: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        for p in trace.processes.iter().filter(|p| select.process(p)) {
+            let v = pid_names.entry(p.pid).or_default();
+            if !v.iter().any(|n| n == p.short_name()) {
+                v.push(p.short_name().to_string());
+            }
+        }
+        for (pid, names) in &pid_names {
+            ev(
+                out,
+                format!(
+                    "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{pid},\"args\":{{\"name\":{}}}}}",
+                    json_str(&names.join(" -> "))
+                ),
+            )?;
+        }
+        for p in trace.processes.iter().filter(|p| select.process(p)) {
+            let jnames: Vec<String> = names_of(p).iter().map(|n| json_str(n)).collect();
+            let pid = p.pid;
+            for t in p.threads.iter().filter(|t| select.thread(t)) {
+                let tid = t.tid;
+                if p.image == 0 || !trace.processes.iter().any(|q| q.pid == pid && q.image == 0) {
+                    let tname = if tid == pid {
+                        format!("{} (main)", p.short_name())
+                    } else {
+                        format!("thread {tid}")
+                    };
+                    ev(
+                        out,
+                        format!(
+                            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
+                            json_str(&tname)
+                        ),
+                    )?;
+                }
+                let tree = CallTree::build(t, has_exits);
+                let mut work: Vec<(Node, bool)> =
+                    tree.roots.iter().rev().map(|&n| (n, false)).collect();
+                while let Some((node, close)) = work.pop() {
+                    let (n, cat, ph, ns, args) = match node {
+                        Node::Lost { ns, what } => {
+                            let n = json_str(&what.to_string());
+                            (Cow::Owned(n), "lost", "i\",\"s\":\"t", ns, "")
+                        }
+                        Node::Call(c) => {
+                            let call = &tree.calls[c];
+                            let n = match jnames.get(call.func as usize) {
+                                Some(n) => Cow::Borrowed(n.as_str()),
+                                None => Cow::Owned(json_str(&format!("#{}", call.func))),
+                            };
+                            if call.end == End::NoExit {
+                                (n, "function", "i\",\"s\":\"t", call.entry_ns, "")
+                            } else if !close {
+                                work.push((node, true));
+                                work.extend(call.children.iter().rev().map(|&k| (k, false)));
+                                (n, "function", "B", call.entry_ns, "")
+                            } else {
+                                let args = match call.end {
+                                    End::Unwound(_) => ",\"args\":{\"unwound\":true}",
+                                    End::Unfinished => ",\"args\":{\"unfinished\":true}",
+                                    End::Returned(_) | End::NoExit => "",
+                                };
+                                (n, "function", "E", tree.end_or_last(c), args)
+                            }
+                        }
+                    };
+                    // Never the first element: the process's process_name came before.
+                    write!(
+                        out,
+                        ",\n{{\"name\":{n},\"cat\":\"{cat}\",\"ph\":\"{ph}\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}{args}}}",
+                        Us(ns.saturating_sub(start))
+                    )?;
+                }
+            }
+        }
+        writeln!(out, "\n]}}")
+    }
+
+    fn tree_folded(trace: &Trace, opts: &FoldOptions) -> Vec<String> {
+        let has_exits = trace.info.has_exits();
+        let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
+        for p in trace.processes.iter().filter(|p| opts.select.process(p)) {
+            let names: Vec<String> = names_of(p).into_iter().map(|n| frame(&n)).collect();
+            for t in p.threads.iter().filter(|t| opts.select.thread(t)) {
+                let tree = CallTree::build(t, has_exits);
+                let prefix = if opts.merged {
+                    String::new()
+                } else {
+                    format!("{} [{}];tid {};", frame(p.short_name()), p.pid, t.tid)
+                };
+                // The current stack as a string, and where each frame starts in it.
+                let mut path = prefix.clone();
+                let mut marks: Vec<(usize, usize)> = Vec::new(); // (call, path length before it)
+                for (c, parent) in tree.preorder() {
+                    while let Some(&(top, len)) = marks.last() {
+                        if Some(top) == parent {
+                            break;
+                        }
+                        marks.pop();
+                        path.truncate(len);
+                    }
+                    let call = &tree.calls[c];
+                    let before = path.len();
+                    if marks.len() < MAX_FOLDED_DEPTH {
+                        if marks.is_empty() {
+                            path.truncate(prefix.len());
+                        } else {
+                            path.push(';');
+                        }
+                        path.push_str(&name(&names, call.func));
+                    } else if marks.len() == MAX_FOLDED_DEPTH {
+                        path.push_str(";[deeper]");
+                    }
+                    marks.push((c, before));
+                    let value = if call.end == End::NoExit {
+                        Some(1)
+                    } else {
+                        self_or_last(&tree, c)
+                    };
+                    if let Some(v) = value.filter(|&v| v > 0) {
+                        match stacks.get_mut(&path) {
+                            Some(e) => *e = e.saturating_add(v),
+                            None => {
+                                stacks.insert(path.clone(), v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        stacks
+            .into_iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect()
+    }
+
+    /// Self time of a call, unfinished calls running until the thread's last event.
+    fn self_or_last(tree: &CallTree, c: usize) -> Option<u64> {
+        let call = &tree.calls[c];
+        let total = tree.end_or_last(c) - call.entry_ns;
+        let children: u64 = call
+            .children
+            .iter()
+            .filter_map(|n| match *n {
+                Node::Call(k) if tree.calls[k].end != End::NoExit => {
+                    Some(tree.end_or_last(k) - tree.calls[k].entry_ns)
+                }
+                _ => None,
+            })
+            .fold(0, u64::saturating_add);
+        Some(total.saturating_sub(children))
+    }
+
+    /// Random traces (losses anywhere, unwound and unfinished calls, recursion deeper
+    /// than the folded limit, entries-only traces) dump as over the call tree.
+    #[test]
+    fn streaming_dumps_are_the_tree_writers() {
+        let mut seed = 0xdead_beef_1234_5678u64;
+        let mut rnd = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for round in 0..400 {
+            let mut threads = Vec::new();
+            for tid in 1..=2 + rnd(2) as u32 {
+                let (mut events, mut losses, mut ns, mut open) =
+                    (Vec::new(), Vec::new(), 1000u64, Vec::new());
+                let deep = rnd(8) == 0;
+                for _ in 0..rnd(80) {
+                    ns += rnd(100);
+                    if rnd(10) == 0 {
+                        losses.push(Loss {
+                            at: events.len(),
+                            ns,
+                            what: Lost::Events(rnd(9) + 1),
+                        });
+                    }
+                    let (kind, func) = match rnd(10) {
+                        0..=4 => {
+                            let f = rnd(5) as u32;
+                            open.push(f);
+                            (EventKind::Entry, f)
+                        }
+                        5..=8 => (EventKind::Exit, open.pop().unwrap_or(8)),
+                        _ => (EventKind::Exit, crate::format::UNWOUND_FUNC),
+                    };
+                    events.push(Event { kind, func, ns });
+                }
+                if deep {
+                    // Past MAX_FOLDED_DEPTH.
+                    for i in 0..MAX_FOLDED_DEPTH as u64 + 3 {
+                        events.push(Event {
+                            kind: EventKind::Entry,
+                            func: 3,
+                            ns: ns + i,
+                        });
+                    }
+                }
+                if rnd(3) == 0 {
+                    losses.push(Loss {
+                        at: events.len(),
+                        ns,
+                        what: Lost::Chunks(1),
+                    });
+                }
+                threads.push(Thread {
+                    tid,
+                    events,
+                    losses,
+                    ..Default::default()
+                });
+            }
+            let tracer = if rnd(4) == 0 {
+                "function"
+            } else {
+                "function_graph"
+            };
+            let trace = Trace {
+                dir: "t.data".into(),
+                info: TraceInfo {
+                    tracer: tracer.into(),
+                    ..Default::default()
+                },
+                processes: vec![Process {
+                    pid: 1,
+                    exe: "/bin/p;q".into(),
+                    threads,
+                    ..Default::default()
+                }],
+                problems: Vec::new(),
+            };
+            let select = Select::default();
+            let (mut want, mut got) = (Vec::new(), Vec::new());
+            tree_chrome(&trace, &select, &mut want).unwrap();
+            chrome(&trace, &select, &mut got).unwrap();
+            assert_eq!(
+                String::from_utf8(got).unwrap(),
+                String::from_utf8(want).unwrap(),
+                "round {round}: chrome"
+            );
+            for merged in [false, true] {
+                let o = FoldOptions {
+                    merged,
+                    ..Default::default()
+                };
+                assert_eq!(
+                    folded(&trace, &o),
+                    tree_folded(&trace, &o),
+                    "round {round}: folded, merged {merged}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn json_strings() {

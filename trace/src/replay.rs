@@ -17,7 +17,7 @@
 //! events are shown where they happened. `function` tracer traces (entries only) print one
 //! line per entry with its time since the start of the trace.
 
-use crate::calls::{CallTree, End, Node};
+use crate::calls::{End, Step, Walk};
 use crate::read::{Process, Thread, Trace};
 use globset::{GlobSet, GlobSetBuilder};
 use std::io::{self, Write};
@@ -185,22 +185,21 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions, out: &mut dyn Write) -> io::R
                 out.pending
                     .push_str(&format!("# thread {}: {note}\n", t.tid));
             }
-            let tree = CallTree::build(t, has_exits);
             if has_exits {
                 out.pending.push_str(GRAPH_HEADER);
                 out.pending.push('\n');
-                graph(&tree, t.tid, &names, &filter, &notrace, opts, &mut out)?;
-                if tree.unmatched_exits > 0 {
+                let unmatched = graph(t, &names, &filter, &notrace, opts, &mut out)?;
+                if unmatched > 0 {
                     writeln!(
                         out,
-                        "# thread {}: {} returns without a recorded entry ignored",
-                        t.tid, tree.unmatched_exits
+                        "# thread {}: {unmatched} returns without a recorded entry ignored",
+                        t.tid
                     )?;
                 }
             } else {
                 out.pending.push_str(FLAT_HEADER);
                 out.pending.push('\n');
-                flat(&tree, t.tid, &names, &filter, &notrace, start, &mut out)?;
+                flat(t, &names, &filter, &notrace, start, &mut out)?;
             }
             // Nothing shown: drop the thread's header lines.
             out.pending.truncate(mark);
@@ -369,107 +368,215 @@ fn line(
     writeln!(out, "{text}")
 }
 
-enum Work {
-    /// A node; `Some(depth)` when its parent is shown (or it is a root without -F).
-    Visit(Node, Option<u32>),
-    /// Print the closing line of call `c` at `depth`.
-    Close(usize, u32),
+/// What an open call is to [`Graph`].
+#[derive(Debug, Clone, Copy)]
+enum Shown {
+    /// Not shown, nor anything inside it (`-N`, deeper than `--depth`).
+    Skip,
+    /// Not shown, but calls inside it may be (outside any `-F` match).
+    Through,
+    /// Shown at `depth` unless `--min` hides it when it ends. `opened`: its `name() {`
+    /// line is written (something inside it is shown), else its line waits at
+    /// [`Graph::held`]`[mark]`.
+    At {
+        depth: u32,
+        opened: bool,
+        mark: usize,
+    },
 }
 
-fn graph(
-    tree: &CallTree,
+/// A line of [`Graph::held`].
+#[derive(Debug)]
+enum Held {
+    /// The opening line of a call not yet known to be shown or to have shown calls
+    /// inside it (written as `name() {` if it turns out to).
+    Open { func: u32, depth: u32 },
+    /// A loss inside such a call.
+    Lost { depth: u32, what: crate::read::Lost },
+}
+
+/// The function_graph printer of one thread, fed its [`Step`]s. A call's line is written
+/// once it is known to be shown and whether anything inside it is: a call with a shown
+/// call inside becomes `name() {` … `}`, one without `name();` with its duration. Without
+/// `--min` that is known at the next step; with it, only when the call ends (shorter calls
+/// are hidden with everything inside them), so the lines of the open calls not yet known
+/// wait in `held`. A shown call inside shows every open call around it (it cannot be
+/// shorter than them), so the held lines are always those of the innermost open calls and
+/// are written or dropped together.
+struct Graph<'a> {
     tid: u32,
+    names: &'a [String],
+    filter: &'a Matcher<'a>,
+    notrace: &'a Matcher<'a>,
+    max_depth: u32,
+    min_ns: Option<u64>,
+    open: Vec<Shown>,
+    held: Vec<Held>,
+}
+
+impl Graph<'_> {
+    fn step(&mut self, s: Step, out: &mut dyn Write) -> io::Result<()> {
+        match s {
+            Step::Enter { func, .. } => {
+                let ctx = match self.open.last() {
+                    None if self.filter.is_empty() => Some(0),
+                    None | Some(Shown::Through) => None,
+                    Some(Shown::Skip) => {
+                        self.open.push(Shown::Skip);
+                        return Ok(());
+                    }
+                    Some(&Shown::At { depth, .. }) => Some(depth + 1),
+                };
+                let shown = if self.notrace.matches(func) {
+                    Shown::Skip
+                } else {
+                    match ctx.or_else(|| self.filter.matches(func).then_some(0)) {
+                        None => Shown::Through,
+                        Some(depth) if depth >= self.max_depth => Shown::Skip,
+                        Some(depth) => {
+                            if self.min_ns.is_none() {
+                                // Shown: so is every call around it.
+                                self.release(out)?;
+                            }
+                            self.held.push(Held::Open { func, depth });
+                            Shown::At {
+                                depth,
+                                opened: false,
+                                mark: self.held.len() - 1,
+                            }
+                        }
+                    }
+                };
+                self.open.push(shown);
+            }
+            Step::Lost { what, .. } => {
+                let depth = match self.open.last() {
+                    None if self.filter.is_empty() => 0,
+                    Some(&Shown::At { depth, .. }) => depth + 1,
+                    _ => return Ok(()),
+                };
+                if depth < self.max_depth {
+                    // Nothing held: the calls around it are all shown and opened.
+                    let now = self.min_ns.is_none() || self.held.is_empty();
+                    self.held.push(Held::Lost { depth, what });
+                    if now {
+                        self.release(out)?;
+                    }
+                }
+            }
+            Step::Leave { func, end, .. } => {
+                let Some(Shown::At {
+                    depth,
+                    opened,
+                    mark,
+                }) = self.open.pop()
+                else {
+                    return Ok(());
+                };
+                let dur = s.duration();
+                let name = name(self.names, func);
+                if opened {
+                    let how = match end {
+                        End::Returned(_) => "",
+                        End::Unwound(_) => ": unwound",
+                        End::Unfinished | End::NoExit => ": unfinished",
+                    };
+                    return line(
+                        out,
+                        dur,
+                        self.tid,
+                        depth,
+                        format_args!("}} /* {name}{how} */"),
+                    );
+                }
+                if matches!((self.min_ns, dur), (Some(min), Some(d)) if d < min) {
+                    // Hidden, with everything inside it.
+                    self.held.truncate(mark);
+                    return Ok(());
+                }
+                if self.held.len() > mark + 1 {
+                    // Losses inside it are shown: `name() {` … `}`.
+                    self.release(out)?;
+                    let how = match end {
+                        End::Returned(_) => "",
+                        End::Unwound(_) => ": unwound",
+                        End::Unfinished | End::NoExit => ": unfinished",
+                    };
+                    return line(
+                        out,
+                        dur,
+                        self.tid,
+                        depth,
+                        format_args!("}} /* {name}{how} */"),
+                    );
+                }
+                self.held.truncate(mark);
+                // Shown without anything inside: the calls around it are shown.
+                self.release(out)?;
+                let how = match end {
+                    End::Returned(_) => "",
+                    End::Unwound(_) => " /* unwound */",
+                    End::Unfinished | End::NoExit => " /* unfinished */",
+                };
+                line(out, dur, self.tid, depth, format_args!("{name}();{how}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the held lines: their calls are shown and have shown calls inside.
+    fn release(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        for h in self.held.drain(..) {
+            match h {
+                Held::Open { func, depth } => {
+                    let n = name(self.names, func);
+                    line(out, None, self.tid, depth, format_args!("{n}() {{"))?;
+                }
+                Held::Lost { depth, what } => {
+                    line(out, None, self.tid, depth, format_args!("/* {what} */"))?;
+                }
+            }
+        }
+        for s in &mut self.open {
+            if let Shown::At { opened, .. } = s {
+                *opened = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes the function_graph lines of thread `t`; the number of its returns without a
+/// recorded entry.
+fn graph(
+    t: &Thread,
     names: &[String],
     filter: &Matcher,
     notrace: &Matcher,
     o: &ReplayOptions,
     out: &mut dyn Write,
-) -> io::Result<()> {
-    let max_depth = o.depth.unwrap_or(u32::MAX);
-    let hidden = |c: usize, depth: u32| -> bool {
-        let call = &tree.calls[c];
-        depth >= max_depth
-            || notrace.matches(call.func)
-            || matches!((o.min_ns, call.duration()), (Some(min), Some(d)) if d < min)
+) -> io::Result<u64> {
+    let mut g = Graph {
+        tid: t.tid,
+        names,
+        filter,
+        notrace,
+        max_depth: o.depth.unwrap_or(u32::MAX),
+        min_ns: o.min_ns,
+        open: Vec::new(),
+        held: Vec::new(),
     };
-    let root_ctx = if filter.is_empty() { Some(0) } else { None };
-    let mut work: Vec<Work> = tree
-        .roots
-        .iter()
-        .rev()
-        .map(|&n| Work::Visit(n, root_ctx))
-        .collect();
-    while let Some(w) = work.pop() {
-        match w {
-            Work::Close(c, depth) => {
-                let call = &tree.calls[c];
-                let n = name(names, call.func);
-                let how = match call.end {
-                    End::Returned(_) => "",
-                    End::Unwound(_) => ": unwound",
-                    End::Unfinished | End::NoExit => ": unfinished",
-                };
-                line(
-                    out,
-                    call.duration(),
-                    tid,
-                    depth,
-                    format_args!("}} /* {n}{how} */"),
-                )?;
-            }
-            Work::Visit(Node::Lost { what, .. }, ctx) => {
-                if let Some(depth) = ctx.filter(|&d| d < max_depth) {
-                    line(out, None, tid, depth, format_args!("/* {what} */"))?;
-                }
-            }
-            Work::Visit(Node::Call(c), ctx) => {
-                let call = &tree.calls[c];
-                if notrace.matches(call.func) {
-                    continue;
-                }
-                let n = name(names, call.func);
-                let depth = match ctx {
-                    Some(d) => d,
-                    None if filter.matches(call.func) => 0,
-                    None => {
-                        work.extend(call.children.iter().rev().map(|&k| Work::Visit(k, None)));
-                        continue;
-                    }
-                };
-                if hidden(c, depth) {
-                    continue;
-                }
-                let shown_child = call.children.iter().any(|k| match *k {
-                    Node::Lost { .. } => depth + 1 < max_depth,
-                    Node::Call(k) => !hidden(k, depth + 1),
-                });
-                if shown_child {
-                    line(out, None, tid, depth, format_args!("{n}() {{"))?;
-                    work.push(Work::Close(c, depth));
-                    work.extend(
-                        call.children
-                            .iter()
-                            .rev()
-                            .map(|&k| Work::Visit(k, Some(depth + 1))),
-                    );
-                } else {
-                    let how = match call.end {
-                        End::Returned(_) => "",
-                        End::Unwound(_) => " /* unwound */",
-                        End::Unfinished | End::NoExit => " /* unfinished */",
-                    };
-                    line(
-                        out,
-                        call.duration(),
-                        tid,
-                        depth,
-                        format_args!("{n}();{how}"),
-                    )?;
-                }
-            }
+    let mut result = Ok(());
+    let walk = Walk::thread(t, true, |s| {
+        if result.is_ok() {
+            result = g.step(s, out);
         }
-    }
-    Ok(())
+    });
+    result?;
+    Ok(walk.unmatched_exits)
 }
 
 /// Seconds since the start of the trace, 15 characters: `    1.000123456`.
@@ -482,44 +589,256 @@ pub fn fmt_timestamp(ns_since_start: u64) -> String {
 }
 
 fn flat(
-    tree: &CallTree,
-    tid: u32,
+    t: &Thread,
     names: &[String],
     filter: &Matcher,
     notrace: &Matcher,
     start: u64,
     out: &mut dyn Write,
 ) -> io::Result<()> {
-    for node in &tree.roots {
-        match *node {
-            Node::Lost { ns, what } => {
-                writeln!(
-                    out,
-                    " {} [{tid:>6}] | /* {what} */",
-                    fmt_timestamp(ns.saturating_sub(start))
-                )?;
-            }
-            Node::Call(c) => {
-                let call = &tree.calls[c];
-                if notrace.matches(call.func) || (!filter.is_empty() && !filter.matches(call.func))
-                {
-                    continue;
+    let tid = t.tid;
+    let mut result = Ok(());
+    Walk::thread(t, false, |s| {
+        if result.is_err() {
+            return;
+        }
+        result = match s {
+            Step::Lost { ns, what, .. } => writeln!(
+                out,
+                " {} [{tid:>6}] | /* {what} */",
+                fmt_timestamp(ns.saturating_sub(start))
+            ),
+            Step::Enter { func, ns, .. } => {
+                if notrace.matches(func) || (!filter.is_empty() && !filter.matches(func)) {
+                    return;
                 }
                 writeln!(
                     out,
                     " {} [{tid:>6}] | {}",
-                    fmt_timestamp(call.entry_ns.saturating_sub(start)),
-                    name(names, call.func)
-                )?;
+                    fmt_timestamp(ns.saturating_sub(start)),
+                    name(names, func)
+                )
             }
-        }
-    }
-    Ok(())
+            Step::Leave { .. } => Ok(()),
+        };
+    });
+    result
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::calls::{CallTree, Node};
+
+    // The printer as it was over the whole call tree: the model the streaming one must
+    // match.
+    enum Work {
+        /// A node; `Some(depth)` when its parent is shown (or it is a root without -F).
+        Visit(Node, Option<u32>),
+        /// Print the closing line of call `c` at `depth`.
+        Close(usize, u32),
+    }
+
+    fn tree_graph(
+        tree: &CallTree,
+        tid: u32,
+        names: &[String],
+        filter: &Matcher,
+        notrace: &Matcher,
+        o: &ReplayOptions,
+        out: &mut dyn Write,
+    ) -> io::Result<()> {
+        let max_depth = o.depth.unwrap_or(u32::MAX);
+        let hidden = |c: usize, depth: u32| -> bool {
+            let call = &tree.calls[c];
+            depth >= max_depth
+                || notrace.matches(call.func)
+                || matches!((o.min_ns, call.duration()), (Some(min), Some(d)) if d < min)
+        };
+        let root_ctx = if filter.is_empty() { Some(0) } else { None };
+        let mut work: Vec<Work> = tree
+            .roots
+            .iter()
+            .rev()
+            .map(|&n| Work::Visit(n, root_ctx))
+            .collect();
+        while let Some(w) = work.pop() {
+            match w {
+                Work::Close(c, depth) => {
+                    let call = &tree.calls[c];
+                    let n = name(names, call.func);
+                    let how = match call.end {
+                        End::Returned(_) => "",
+                        End::Unwound(_) => ": unwound",
+                        End::Unfinished | End::NoExit => ": unfinished",
+                    };
+                    line(
+                        out,
+                        call.duration(),
+                        tid,
+                        depth,
+                        format_args!("}} /* {n}{how} */"),
+                    )?;
+                }
+                Work::Visit(Node::Lost { what, .. }, ctx) => {
+                    if let Some(depth) = ctx.filter(|&d| d < max_depth) {
+                        line(out, None, tid, depth, format_args!("/* {what} */"))?;
+                    }
+                }
+                Work::Visit(Node::Call(c), ctx) => {
+                    let call = &tree.calls[c];
+                    if notrace.matches(call.func) {
+                        continue;
+                    }
+                    let n = name(names, call.func);
+                    let depth = match ctx {
+                        Some(d) => d,
+                        None if filter.matches(call.func) => 0,
+                        None => {
+                            work.extend(call.children.iter().rev().map(|&k| Work::Visit(k, None)));
+                            continue;
+                        }
+                    };
+                    if hidden(c, depth) {
+                        continue;
+                    }
+                    let shown_child = call.children.iter().any(|k| match *k {
+                        Node::Lost { .. } => depth + 1 < max_depth,
+                        Node::Call(k) => !hidden(k, depth + 1),
+                    });
+                    if shown_child {
+                        line(out, None, tid, depth, format_args!("{n}() {{"))?;
+                        work.push(Work::Close(c, depth));
+                        work.extend(
+                            call.children
+                                .iter()
+                                .rev()
+                                .map(|&k| Work::Visit(k, Some(depth + 1))),
+                        );
+                    } else {
+                        let how = match call.end {
+                            End::Returned(_) => "",
+                            End::Unwound(_) => " /* unwound */",
+                            End::Unfinished | End::NoExit => " /* unfinished */",
+                        };
+                        line(
+                            out,
+                            call.duration(),
+                            tid,
+                            depth,
+                            format_args!("{n}();{how}"),
+                        )?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Random threads (losses anywhere, unwound and unfinished calls, recursion) under
+    /// random filters, depth limits and minimum durations print as over the call tree.
+    #[test]
+    fn streaming_graph_is_the_tree_printers() {
+        use crate::read::{Event, EventKind, Loss, Lost, Process, Symbol};
+        let p = Process {
+            symbols: (0..6)
+                .map(|id| Symbol {
+                    id,
+                    addr: 0x1000 + id as u64,
+                    size: 1,
+                    name: format!("f{id}"),
+                    module: String::new(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let names = names_of(&p);
+        let mut seed = 0x0123_4567_89ab_cdefu64;
+        let mut rnd = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut shown = 0;
+        for round in 0..3000 {
+            let (mut events, mut losses, mut ns, mut open) =
+                (Vec::new(), Vec::new(), 0u64, Vec::new());
+            for _ in 0..rnd(60) {
+                ns += rnd(100);
+                if rnd(10) == 0 {
+                    losses.push(Loss {
+                        at: events.len(),
+                        ns,
+                        what: Lost::Events(rnd(9) + 1),
+                    });
+                }
+                let (kind, func) = match rnd(10) {
+                    0..=4 => {
+                        let f = rnd(6) as u32;
+                        open.push(f);
+                        (EventKind::Entry, f)
+                    }
+                    5..=8 => (EventKind::Exit, open.pop().unwrap_or(7)),
+                    _ => (EventKind::Exit, crate::format::UNWOUND_FUNC),
+                };
+                events.push(Event { kind, func, ns });
+            }
+            if rnd(4) == 0 {
+                losses.push(Loss {
+                    at: events.len(),
+                    ns,
+                    what: Lost::Chunks(2),
+                });
+            }
+            let t = Thread {
+                tid: 7,
+                events,
+                losses,
+                ..Default::default()
+            };
+            let globs = |r: u64| match r {
+                0 | 1 => Globs::default(),
+                2 => Globs::new(&["f1".into()]).unwrap(),
+                _ => Globs::new(&["f2".into(), "f4".into()]).unwrap(),
+            };
+            let o = ReplayOptions {
+                filter: globs(rnd(4)),
+                notrace: globs(rnd(5) / 2),
+                depth: [None, Some(1), Some(2), Some(4)][rnd(4) as usize],
+                min_ns: [None, None, Some(50), Some(200)][rnd(4) as usize],
+                ..Default::default()
+            };
+            let (filter, notrace) = (
+                Matcher::new(&o.filter, &p, &names),
+                Matcher::new(&o.notrace, &p, &names),
+            );
+            let mut want = Vec::new();
+            tree_graph(
+                &CallTree::build(&t, true),
+                t.tid,
+                &names,
+                &filter,
+                &notrace,
+                &o,
+                &mut want,
+            )
+            .unwrap();
+            let mut got = Vec::new();
+            graph(&t, &names, &filter, &notrace, &o, &mut got).unwrap();
+            let (want, got) = (
+                String::from_utf8(want).unwrap(),
+                String::from_utf8(got).unwrap(),
+            );
+            assert_eq!(
+                got, want,
+                "round {round}: {o:?}\n{:?}\n{:?}",
+                t.events, t.losses
+            );
+            shown += want.lines().count();
+        }
+        assert!(shown > 10_000, "the rounds show lines: {shown}");
+    }
 
     #[test]
     fn durations() {

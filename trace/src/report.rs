@@ -10,8 +10,8 @@
 //! Times count the calls that ended (returned or unwound); `function` tracer traces have
 //! calls only.
 
-use crate::format::UNWOUND_FUNC;
-use crate::read::{EventKind, Thread, Trace};
+use crate::calls::{Step, Walk};
+use crate::read::{Thread, Trace};
 use crate::replay::{fmt_duration, Select};
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -98,65 +98,42 @@ pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
         .collect()
 }
 
-/// A call open at this point of [`thread_stats`]'s pass.
-struct Open {
-    func: u32,
-    entry_ns: u64,
-    /// Durations of its direct children that ended.
-    children_ns: u64,
-    /// Nested in another call of the same function (recursion).
-    nested: bool,
-}
-
 /// Adds one thread's calls to `by_id` (with, per function, how many of its
-/// calls are open): one pass over the events with the stack of open calls,
-/// nesting them as [`crate::calls::CallTree`] does (an EXIT closes the innermost open call
-/// of its function and, as unwound, the calls above it; an UNWOUND marker
-/// the innermost; an EXIT with none open is ignored), but holding only the
-/// open calls: `report` of a 20 M-event trace took 1.6 GB with the tree.
+/// calls are open): one [`Walk`] over the events, holding per open call only
+/// the time of its direct children that ended and whether it is nested in
+/// another call of its function (`report` of a 20 M-event trace took 1.6 GB
+/// with the call tree).
 fn thread_stats(t: &Thread, has_exits: bool, by_id: &mut HashMap<u32, (FuncStats, u32)>) {
-    let mut open: Vec<Open> = Vec::new();
-    // Ends the innermost open call at `end_ns`.
-    let close = |open: &mut Vec<Open>, by_id: &mut HashMap<u32, (FuncStats, u32)>, end_ns: u64| {
-        let Some(c) = open.pop() else { return };
-        let d = end_ns.saturating_sub(c.entry_ns);
-        let (s, active) = by_id.entry(c.func).or_default();
-        *active -= 1;
-        s.ended += 1;
-        s.sum_ns = s.sum_ns.saturating_add(d);
-        s.max_ns = s.max_ns.max(d);
-        if !c.nested {
-            s.total_ns = s.total_ns.saturating_add(d);
+    // Per open call: (children's time, nested).
+    let mut open: Vec<(u64, bool)> = Vec::new();
+    Walk::thread(t, has_exits, |s| match s {
+        Step::Enter { func, .. } => {
+            let (s, active) = by_id.entry(func).or_default();
+            s.calls += 1;
+            open.push((0, *active > 0));
+            *active += 1;
         }
-        s.self_ns = s.self_ns.saturating_add(d.saturating_sub(c.children_ns));
-        if let Some(parent) = open.last_mut() {
-            parent.children_ns = parent.children_ns.saturating_add(d);
-        }
-    };
-    for ev in &t.events {
-        match ev.kind {
-            EventKind::Entry => {
-                let (s, active) = by_id.entry(ev.func).or_default();
-                s.calls += 1;
-                if has_exits {
-                    open.push(Open { func: ev.func, entry_ns: ev.ns, children_ns: 0, nested: *active > 0 });
-                    *active += 1;
-                }
+        Step::Leave { func, .. } => {
+            let Some((children_ns, nested)) = open.pop() else {
+                return;
+            };
+            let (st, active) = by_id.entry(func).or_default();
+            *active -= 1;
+            // Unfinished calls (and entries-only ones) are counted, without a time.
+            let Some(d) = s.duration() else { return };
+            st.ended += 1;
+            st.sum_ns = st.sum_ns.saturating_add(d);
+            st.max_ns = st.max_ns.max(d);
+            if !nested {
+                st.total_ns = st.total_ns.saturating_add(d);
             }
-            EventKind::Exit if ev.func == UNWOUND_FUNC => close(&mut open, by_id, ev.ns),
-            EventKind::Exit => {
-                if let Some(pos) = open.iter().rposition(|c| c.func == ev.func) {
-                    while open.len() > pos {
-                        close(&mut open, by_id, ev.ns);
-                    }
-                }
+            st.self_ns = st.self_ns.saturating_add(d.saturating_sub(children_ns));
+            if let Some(parent) = open.last_mut() {
+                parent.0 = parent.0.saturating_add(d);
             }
         }
-    }
-    // Calls still open are unfinished: counted, without a time.
-    for c in open {
-        by_id.entry(c.func).or_default().1 -= 1;
-    }
+        Step::Lost { .. } => {}
+    });
 }
 
 /// Sorts `rows` by `key` (ties by name).
@@ -252,7 +229,8 @@ pub fn report(trace: &Trace, opts: &ReportOptions, out: &mut dyn Write) -> io::R
 mod tests {
     use super::*;
     use crate::calls::CallTree;
-    use crate::read::Event;
+    use crate::format::UNWOUND_FUNC;
+    use crate::read::{Event, EventKind};
 
     /// The figures as the call tree gives them (what `stats` computed
     /// before its one-pass version): the oracle for [`thread_stats`].
@@ -318,16 +296,27 @@ mod tests {
                 };
                 events.push(Event { kind, func, ns });
             }
-            let t = Thread { tid: 1, events, ..Default::default() };
+            let t = Thread {
+                tid: 1,
+                events,
+                ..Default::default()
+            };
             for has_exits in [true, false] {
                 let mut got = HashMap::new();
                 thread_stats(&t, has_exits, &mut got);
-                let got: HashMap<u32, FuncStats> = got.into_iter().map(|(k, (s, active))| {
-                    assert_eq!(active, 0, "round {round}: open counts return to 0");
-                    (k, s)
-                }).collect();
+                let got: HashMap<u32, FuncStats> = got
+                    .into_iter()
+                    .map(|(k, (s, active))| {
+                        assert_eq!(active, 0, "round {round}: open counts return to 0");
+                        (k, s)
+                    })
+                    .collect();
                 let want = tree_stats(&t, has_exits);
-                assert_eq!(got, want, "round {round}, has_exits {has_exits}: {:?}", t.events);
+                assert_eq!(
+                    got, want,
+                    "round {round}, has_exits {has_exits}: {:?}",
+                    t.events
+                );
             }
         }
     }
