@@ -39,7 +39,7 @@ impl Source {
     /// Opens the trace; its problems go to stderr as warnings. Fails when nothing is
     /// readable, or when --pid/--tid select nothing.
     fn open(&self) -> Result<Trace> {
-        let t = Trace::open(&self.dir).with_context(|| {
+        let t = Trace::open_streaming(&self.dir).with_context(|| {
             let hint = if self.dir == Path::new("ftramp.data") && !self.dir.exists() {
                 " (record one with `ftramp record -- PROG ARGS`, or name a trace with -d DIR)"
             } else {

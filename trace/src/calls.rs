@@ -18,7 +18,7 @@
 //! stays for callers that want random access, and as the tests' independent model of
 //! the nesting rules.
 
-use crate::read::{Event, EventKind, Lost, Thread};
+use crate::read::{Event, EventKind, Item, Lost, Thread};
 
 /// How a call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,17 +125,11 @@ impl Walk {
     /// open at its end last (unfinished, innermost first).
     pub fn thread(thread: &Thread, has_exits: bool, mut f: impl FnMut(Step)) -> Walk {
         let mut walk = Walk::new(has_exits);
-        let mut losses = thread.losses.iter().peekable();
-        for (i, ev) in thread.events.iter().enumerate() {
-            while let Some(l) = losses.next_if(|l| l.at <= i) {
-                walk.loss(l.ns, l.what, &mut f);
-            }
-            walk.event(ev, &mut f);
-        }
-        for l in losses {
-            walk.loss(l.ns, l.what, &mut f);
-        }
-        let last_ns = thread.events.last().map(|e| e.ns).unwrap_or(0);
+        thread.for_each(|i| match i {
+            Item::Event(ev) => walk.event(&ev, &mut f),
+            Item::Loss { ns, what } => walk.loss(ns, what, &mut f),
+        });
+        let last_ns = thread.span().map_or(0, |(_, last)| last);
         walk.finish(last_ns, &mut f);
         walk
     }
@@ -227,21 +221,15 @@ impl CallTree {
     /// Builds the tree of `thread`; `has_exits` is false for entry-only traces.
     pub fn build(thread: &Thread, has_exits: bool) -> CallTree {
         let mut tree = CallTree {
-            last_ns: thread.events.last().map(|e| e.ns).unwrap_or(0),
+            last_ns: thread.span().map_or(0, |(_, last)| last),
             ..Default::default()
         };
         let mut open: Vec<usize> = Vec::new();
-        let mut losses = thread.losses.iter().peekable();
-        for (i, ev) in thread.events.iter().enumerate() {
-            while let Some(l) = losses.next_if(|l| l.at <= i) {
-                tree.push(
-                    &open,
-                    Node::Lost {
-                        ns: l.ns,
-                        what: l.what,
-                    },
-                );
-            }
+        thread.for_each(|item| {
+            let ev = match item {
+                Item::Loss { ns, what } => return tree.push(&open, Node::Lost { ns, what }),
+                Item::Event(ev) => ev,
+            };
             match ev.kind {
                 EventKind::Entry => {
                     let idx = tree.calls.len();
@@ -281,16 +269,7 @@ impl CallTree {
                     }
                 }
             }
-        }
-        for l in losses {
-            tree.push(
-                &open,
-                Node::Lost {
-                    ns: l.ns,
-                    what: l.what,
-                },
-            );
-        }
+        });
         tree
     }
 

@@ -1,4 +1,6 @@
-//! Reading a trace directory (format v1, see [`crate::format`]) into memory.
+//! Reading a trace directory (see [`crate::format`]): decoded into memory
+//! ([`Trace::open`]), or streamed, each thread decoded from its `.dat` bytes at each pass
+//! ([`Trace::open_streaming`], what the commands use: no memory per event).
 //!
 //! [`Trace::open`] never panics on bad input. It fails only when nothing is readable
 //! (no directory, or no trace files in it); any damage after intact data becomes a
@@ -178,7 +180,20 @@ pub struct Loss {
     pub what: Lost,
 }
 
+/// One thing of a thread's recorded stream, in order: an event, or a loss there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Item {
+    Event(Event),
+    Loss { ns: u64, what: Lost },
+}
+
 /// The recorded events of one thread.
+///
+/// Held in one of two ways: decoded (`events` and `losses`: threads built in memory, and
+/// those of [`Trace::open`]), or streamed (a trace opened with [`Trace::open_streaming`]:
+/// `events` and `losses` stay empty and [`Thread::for_each`] decodes the thread's chunks
+/// from the `.dat` bytes at each pass, so that the memory a pass needs is the file's size,
+/// not 16 bytes per event). Read the events with [`Thread::for_each`] to take both.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Thread {
     pub tid: u32,
@@ -191,6 +206,63 @@ pub struct Thread {
     pub losses: Vec<Loss>,
     /// The thread's last chunk (flag LAST) was read: it exited while recorded.
     pub exited: bool,
+    /// Where a streamed thread's events are.
+    pub(crate) stored: Option<Stored>,
+}
+
+/// A streamed thread's chunks, in `seq` order, in its `.dat` file's bytes, and the times
+/// of its first and last events (found when the trace was opened).
+#[derive(Clone)]
+pub(crate) struct Stored {
+    path: std::sync::Arc<PathBuf>,
+    bytes: std::sync::Arc<Vec<u8>>,
+    run: Vec<Chunk>,
+    cal: Calibration,
+    span: Option<(u64, u64)>,
+}
+
+impl fmt::Debug for Stored {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Stored({}: {} chunks)", self.path.display(), self.run.len())
+    }
+}
+
+impl PartialEq for Stored {
+    fn eq(&self, o: &Stored) -> bool {
+        std::sync::Arc::ptr_eq(&self.bytes, &o.bytes) && self.run == o.run
+    }
+}
+
+impl Eq for Stored {}
+
+impl Thread {
+    /// Calls `f` with the thread's events and losses in order (a loss before the event it
+    /// came before), decoding a streamed thread's chunks as it goes.
+    pub fn for_each(&self, mut f: impl FnMut(Item)) {
+        if let Some(st) = &self.stored {
+            // Damage was reported when the trace was opened.
+            decode_run(&st.path, &st.bytes, &st.run, self.tid, &st.cal, &mut Vec::new(), &mut f);
+            return;
+        }
+        let mut losses = self.losses.iter().peekable();
+        for (i, ev) in self.events.iter().enumerate() {
+            while let Some(l) = losses.next_if(|l| l.at <= i) {
+                f(Item::Loss { ns: l.ns, what: l.what });
+            }
+            f(Item::Event(*ev));
+        }
+        for l in losses {
+            f(Item::Loss { ns: l.ns, what: l.what });
+        }
+    }
+
+    /// Times of the first and last events; `None` without events.
+    pub fn span(&self) -> Option<(u64, u64)> {
+        match &self.stored {
+            Some(st) => st.span,
+            None => Some((self.events.first()?.ns, self.events.last()?.ns)),
+        }
+    }
 }
 
 /// One process image (`task-<pid>-<n>.*`).
@@ -290,8 +362,20 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Reads the trace directory `dir`. Fails only when nothing is readable.
+    /// Reads the trace directory `dir`, every thread decoded into its `events` and
+    /// `losses`. Fails only when nothing is readable.
     pub fn open(dir: &Path) -> Result<Trace, TraceError> {
+        Trace::open_as(dir, false)
+    }
+
+    /// [`Trace::open`] with streamed threads (see [`Thread`]): every chunk is decoded
+    /// once to check it (its damage is in `problems` as with `open`), then again at each
+    /// [`Thread::for_each`]; the `.dat` files' bytes are the only per-event memory.
+    pub fn open_streaming(dir: &Path) -> Result<Trace, TraceError> {
+        Trace::open_as(dir, true)
+    }
+
+    fn open_as(dir: &Path, streamed: bool) -> Result<Trace, TraceError> {
         let entries = std::fs::read_dir(dir).map_err(|error| TraceError::Io {
             path: dir.to_path_buf(),
             error,
@@ -435,7 +519,8 @@ impl Trace {
             if has_dat {
                 match std::fs::read(&dat) {
                     Ok(bytes) => {
-                        p.threads = read_dat(&dat, &bytes, p.pid, &p.calibration, &mut problems)
+                        p.threads =
+                            read_dat(&dat, bytes, p.pid, &p.calibration, streamed, &mut problems)
                     }
                     Err(error) => problems.push(TraceError::Io { path: dat, error }),
                 }
@@ -466,7 +551,7 @@ impl Trace {
         self.processes
             .iter()
             .flat_map(|p| &p.threads)
-            .filter_map(|t| t.events.first().map(|e| e.ns))
+            .filter_map(|t| t.span().map(|(first, _)| first))
             .min()
             .unwrap_or(0)
     }
@@ -759,6 +844,7 @@ fn parse_symbols(path: &Path, bytes: &[u8], problems: &mut Vec<TraceError>) -> V
 /// chunks are in order ([`group_threads`]), so a trace's events are held
 /// once, not per chunk and then again per thread (a 20 M-event trace took
 /// 1.4 GB to replay when they were).
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Chunk {
     offset: usize,
     header: ChunkHeader,
@@ -800,11 +886,13 @@ fn plural(n: usize, what: &str) -> String {
 /// Decodes a `.dat` file into threads; damage is reported in `problems`.
 fn read_dat(
     path: &Path,
-    bytes: &[u8],
+    data: Vec<u8>,
     pid: u32,
     cal: &Calibration,
+    streamed: bool,
     problems: &mut Vec<TraceError>,
 ) -> Vec<Thread> {
+    let bytes = &data[..];
     let corrupt = |offset: usize, what: String| TraceError::Corrupt {
         path: path.to_path_buf(),
         offset: offset as u64,
@@ -891,44 +979,44 @@ fn read_dat(
         });
         pos = next.max(pos + 1);
     }
-    group_threads(path, bytes, pid, chunks, cal, problems)
+    group_threads(path, data, pid, chunks, cal, streamed, problems)
 }
 
-/// Appends the events of chunk `c` (`payload`: its bytes) to `t`, with its
-/// losses and lost count.
+/// Appends the events and losses of chunk `c` (`payload`: its bytes) to `out`.
 fn decode_chunk(
     path: &Path,
     c: &Chunk,
     payload: &[u8],
     cal: &Calibration,
-    t: &mut Thread,
+    out: &mut Vec<Item>,
     problems: &mut Vec<TraceError>,
 ) {
     let (offset, header) = (c.offset, c.header);
-    let base = t.events.len();
     let mut ticks = header.time;
+    let mut events = 0usize;
+    let mut event = |out: &mut Vec<Item>, kind, func, ticks: u64| {
+        events += 1;
+        out.push(Item::Event(Event {
+            kind,
+            func,
+            ns: cal.to_ns(ticks),
+        }));
+    };
     if header.lost > 0 {
-        t.lost = t.lost.saturating_add(header.lost as u64);
-        t.losses.push(Loss {
-            at: base,
+        out.push(Item::Loss {
             ns: cal.to_ns(ticks),
             what: Lost::Events(header.lost as u64),
         });
     }
     for (at, ev) in format::events(payload) {
         match ev {
-            Ok(format::Event::Entry { func, delta }) | Ok(format::Event::Exit { func, delta }) => {
+            Ok(format::Event::Entry { func, delta }) => {
                 ticks = ticks.wrapping_add(delta as u64);
-                let kind = if matches!(ev, Ok(format::Event::Entry { .. })) {
-                    EventKind::Entry
-                } else {
-                    EventKind::Exit
-                };
-                t.events.push(Event {
-                    kind,
-                    func,
-                    ns: cal.to_ns(ticks),
-                });
+                event(out, EventKind::Entry, func, ticks);
+            }
+            Ok(format::Event::Exit { func, delta }) => {
+                ticks = ticks.wrapping_add(delta as u64);
+                event(out, EventKind::Exit, func, ticks);
             }
             Ok(format::Event::Leaf {
                 func,
@@ -936,41 +1024,27 @@ fn decode_chunk(
                 duration,
             }) => {
                 ticks = ticks.wrapping_add(delta as u64);
-                t.events.push(Event {
-                    kind: EventKind::Entry,
-                    func,
-                    ns: cal.to_ns(ticks),
-                });
+                event(out, EventKind::Entry, func, ticks);
                 ticks = ticks.wrapping_add(duration as u64);
-                t.events.push(Event {
-                    kind: EventKind::Exit,
-                    func,
-                    ns: cal.to_ns(ticks),
-                });
+                event(out, EventKind::Exit, func, ticks);
             }
             Ok(format::Event::Time { ticks: abs }) => ticks = abs,
-            Ok(format::Event::Lost { count }) => {
-                t.lost = t.lost.saturating_add(count);
-                t.losses.push(Loss {
-                    at: t.events.len(),
-                    ns: cal.to_ns(ticks),
-                    what: Lost::Events(count),
-                });
-            }
+            Ok(format::Event::Lost { count }) => out.push(Item::Loss {
+                ns: cal.to_ns(ticks),
+                what: Lost::Events(count),
+            }),
             Err(e) => {
                 let skipped = (payload.len() - at) as u64;
                 problems.push(TraceError::Corrupt {
                     path: path.to_path_buf(),
                     offset: (offset + CHUNK_HEADER_SIZE + at) as u64,
                     what: format!(
-                        "{e} in the chunk of tid {} seq {} at offset {offset}; its {} events before it kept, the remaining {skipped} bytes of the chunk skipped",
+                        "{e} in the chunk of tid {} seq {} at offset {offset}; its {events} events before it kept, the remaining {skipped} bytes of the chunk skipped",
                         header.tid,
                         header.seq,
-                        t.events.len() - base
                     ),
                 });
-                t.losses.push(Loss {
-                    at: t.events.len(),
+                out.push(Item::Loss {
                     ns: cal.to_ns(ticks),
                     what: Lost::Damaged(skipped),
                 });
@@ -980,14 +1054,70 @@ fn decode_chunk(
     }
 }
 
-/// Orders each thread's chunks by seq and joins their events. A tid seen again with
-/// seq 0 after a complete run (tid reuse) starts a new thread.
-fn group_threads(
+/// Calls `f` with the events and losses of a thread's chunks (`run`, in `seq` order): a
+/// gap in `seq` is a loss of chunks (at the previous event's time, or the next one's
+/// before the first event); a repeated `seq` is reported.
+fn decode_run(
     path: &Path,
     bytes: &[u8],
+    run: &[Chunk],
+    tid: u32,
+    cal: &Calibration,
+    problems: &mut Vec<TraceError>,
+    f: &mut impl FnMut(Item),
+) {
+    let mut next_seq: u64 = 0;
+    let mut last_ns: Option<u64> = None;
+    // One chunk's items (a chunk's loss of the chunks before it takes the time of its
+    // first event when nothing came before).
+    let mut items = Vec::new();
+    for c in run {
+        let seq = c.header.seq as u64;
+        if seq < next_seq {
+            problems.push(TraceError::Corrupt {
+                path: path.to_path_buf(),
+                offset: c.offset as u64,
+                what: format!("chunk of tid {tid} repeats seq {seq}; its events are appended after the first"),
+            });
+        }
+        let gap = seq.saturating_sub(next_seq);
+        next_seq = next_seq.max(seq + 1);
+        items.clear();
+        decode_chunk(path, c, &bytes[c.payload.clone()], cal, &mut items, problems);
+        if gap > 0 {
+            let ns = last_ns.unwrap_or_else(|| {
+                items
+                    .iter()
+                    .find_map(|i| match i {
+                        Item::Event(e) => Some(e.ns),
+                        Item::Loss { .. } => None,
+                    })
+                    .unwrap_or(0)
+            });
+            f(Item::Loss {
+                ns,
+                what: Lost::Chunks(gap),
+            });
+        }
+        for &i in &items {
+            if let Item::Event(e) = i {
+                last_ns = Some(e.ns);
+            }
+            f(i);
+        }
+    }
+}
+
+/// Orders each thread's chunks by seq and joins their events (decoded, or streamed: see
+/// [`Thread`]). A tid seen again with seq 0 after a complete run (tid reuse) starts a new
+/// thread.
+fn group_threads(
+    path: &Path,
+    data: Vec<u8>,
     pid: u32,
     chunks: Vec<Chunk>,
     cal: &Calibration,
+    streamed: bool,
     problems: &mut Vec<TraceError>,
 ) -> Vec<Thread> {
     // tid → runs of chunks (one run per incarnation of the tid).
@@ -1007,57 +1137,57 @@ fn group_threads(
             run.push(c);
         }
     }
+    let bytes = std::sync::Arc::new(data);
+    let shared_path = std::sync::Arc::new(path.to_path_buf());
     let mut threads = Vec::new();
     for (tid, runs) in by_tid {
         for mut run in runs {
             run.sort_by_key(|c| c.header.seq);
             let mut t = Thread {
                 tid,
-                // Room for exactly its events (a LEAF is two).
-                events: Vec::with_capacity(
-                    run.iter().map(|c| format::count_events(&bytes[c.payload.clone()]) as usize).sum(),
-                ),
+                exited: run.iter().any(|c| c.header.is_last()),
                 ..Default::default()
             };
-            let mut next_seq: u64 = 0;
-            for c in run {
-                let seq = c.header.seq as u64;
-                if seq < next_seq {
-                    problems.push(TraceError::Corrupt {
-                        path: path.to_path_buf(),
-                        offset: c.offset as u64,
-                        what: format!("chunk of tid {tid} repeats seq {seq}; its events are appended after the first"),
-                    });
+            if !streamed {
+                // Room for exactly its events (a LEAF is two).
+                t.events.reserve_exact(
+                    run.iter().map(|c| format::count_events(&bytes[c.payload.clone()]) as usize).sum(),
+                );
+            }
+            let mut span: Option<(u64, u64)> = None;
+            decode_run(path, &bytes, &run, tid, cal, problems, &mut |i| {
+                match i {
+                    Item::Event(e) => {
+                        span = Some((span.map_or(e.ns, |s| s.0), e.ns));
+                        if !streamed {
+                            t.events.push(e);
+                        }
+                    }
+                    Item::Loss { ns, what } => {
+                        match what {
+                            Lost::Events(n) => t.lost = t.lost.saturating_add(n),
+                            Lost::Chunks(n) => t.lost_chunks += n,
+                            Lost::Damaged(_) => {}
+                        }
+                        if !streamed {
+                            t.losses.push(Loss { at: t.events.len(), ns, what });
+                        }
+                    }
                 }
-                let gap = (seq > next_seq).then(|| {
-                    let n = seq - next_seq;
-                    t.lost_chunks += n;
-                    t.losses.push(Loss {
-                        at: t.events.len(),
-                        ns: t.events.last().map(|e| e.ns).unwrap_or(0),
-                        what: Lost::Chunks(n),
-                    });
-                    t.losses.len() - 1
+            });
+            if streamed {
+                t.stored = Some(Stored {
+                    path: shared_path.clone(),
+                    bytes: bytes.clone(),
+                    run,
+                    cal: *cal,
+                    span,
                 });
-                next_seq = next_seq.max(seq + 1);
-                let base = t.events.len();
-                decode_chunk(path, &c, &bytes[c.payload.clone()], cal, &mut t, problems);
-                if let Some(i) = gap.filter(|_| base == 0) {
-                    // Missing chunks before the thread's first: at its first event.
-                    t.losses[i].ns = t.events.first().map(|e| e.ns).unwrap_or(0);
-                }
-                t.exited |= c.header.is_last();
             }
             threads.push(t);
         }
     }
     // The main thread first, then by first event time.
-    threads.sort_by_key(|t| {
-        (
-            t.tid != pid,
-            t.events.first().map(|e| e.ns).unwrap_or(u64::MAX),
-            t.tid,
-        )
-    });
+    threads.sort_by_key(|t| (t.tid != pid, t.span().map_or(u64::MAX, |s| s.0), t.tid));
     threads
 }

@@ -29,7 +29,7 @@ fn globs(p: &[&str]) -> Globs {
 fn demo_trace_reads() {
     let dir = tempdir();
     demo_trace(dir.path());
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     assert_eq!(t.info.tracer, "function_graph");
     assert_eq!(t.info.command, ["demo", "x"]);
@@ -66,7 +66,7 @@ fn demo_trace_reads() {
 fn replay_exact() {
     let dir = tempdir();
     demo_trace(dir.path());
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let text = replay_text(&t, &ReplayOptions::default());
     assert_eq!(
         text.lines().next().unwrap(),
@@ -88,7 +88,7 @@ fn leaf_events_replay_as_their_entry_and_exit() {
     let dat = |dir: &std::path::Path, pid| std::fs::metadata(dat_path(dir, pid, 0)).unwrap().len();
     assert_eq!(two.len - one.len, 5 * 8);
     assert_eq!(dat(words.path(), 102) - dat(leaf_words.path(), 102), 8);
-    let t = Trace::open(leaf_words.path()).unwrap();
+    let t = open(leaf_words.path()).unwrap();
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     assert_eq!(body(&replay_text(&t, &ReplayOptions::default())), DEMO_REPLAY);
 }
@@ -97,7 +97,7 @@ fn leaf_events_replay_as_their_entry_and_exit() {
 fn replay_filters() {
     let dir = tempdir();
     demo_trace(dir.path());
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
 
     // -F a: only a's subtrees, each at depth 0 (one in process 100, one in 102).
     let o = ReplayOptions {
@@ -206,7 +206,7 @@ fn replay_function_tracer() {
         &[entry(MAIN, 0), entry(A, 1_500), entry(A, 1_000_000_000)],
     );
     std::fs::write(dat_path(d, 7, 0), bytes).unwrap();
-    let t = Trace::open(d).unwrap();
+    let t = open(d).unwrap();
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     let text = replay_text(&t, &ReplayOptions::default());
     assert_eq!(
@@ -241,7 +241,7 @@ fn replay_function_tracer() {
 fn report_numbers() {
     let dir = tempdir();
     demo_trace(dir.path());
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let rows: HashMap<String, report::FuncStats> = report::stats(&t, &Select::default())
         .into_iter()
         .map(|s| (s.name.clone(), s))
@@ -348,7 +348,7 @@ fn report_recursion_counts_total_once() {
         exit(0, 20),
     ];
     std::fs::write(dat_path(d, 5, 0), chunk(5, 0, 0, 0, 0, &ev)).unwrap();
-    let t = Trace::open(d).unwrap();
+    let t = open(d).unwrap();
     let rows = report::stats(&t, &Select::default());
     let f = rows.iter().find(|s| s.name == "f").unwrap();
     assert_eq!(
@@ -363,7 +363,7 @@ fn report_recursion_counts_total_once() {
 fn folded_exact() {
     let dir = tempdir();
     demo_trace(dir.path());
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let lines = dump::folded(&t, &FoldOptions::default());
     assert_eq!(
         lines,
@@ -416,7 +416,7 @@ fn folded_caps_deep_recursion() {
     let mut ev = vec![entry(0, 1); n];
     ev.extend(vec![exit(0, 1); n]);
     std::fs::write(dat_path(d, 5, 0), chunk(5, 0, 0, 0, 0, &ev)).unwrap();
-    let t = Trace::open(d).unwrap();
+    let t = open(d).unwrap();
     let lines = dump::folded(
         &t,
         &FoldOptions {
@@ -441,7 +441,7 @@ fn folded_caps_deep_recursion() {
 fn chrome_json_is_valid_and_balanced() {
     let dir = tempdir();
     demo_trace(dir.path());
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let mut out = Vec::new();
     dump::chrome(&t, &Select::default(), &mut out).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out).expect("well-formed JSON");
@@ -518,7 +518,7 @@ fn names_needing_escapes_stay_valid() {
         chunk(5, 0, 0, 0, 0, &[entry(0, 0), exit(0, 7)]),
     )
     .unwrap();
-    let t = Trace::open(d).unwrap();
+    let t = open(d).unwrap();
     let mut out = Vec::new();
     dump::chrome(&t, &Select::default(), &mut out).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out).expect("well-formed JSON");
@@ -579,7 +579,7 @@ fn large_trace() {
     }
     std::fs::write(dat_path(d, 9, 0), &bytes).unwrap();
     let t0 = std::time::Instant::now();
-    let t = Trace::open(d).unwrap();
+    let t = open(d).unwrap();
     let open = t0.elapsed();
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     let calls = 4 * 2 * per_thread as u64;
@@ -636,7 +636,7 @@ fn names_are_demangled_and_globs_match_either_form() {
         exit(0, 5),
     ];
     std::fs::write(dat_path(d, 5, 0), chunk(5, 0, 0, 0, 0, &ev)).unwrap();
-    let t = Trace::open(d).unwrap();
+    let t = open(d).unwrap();
     assert_eq!(t.processes[0].symbols[1].name, "_ZN2ns3Foo3barEi");
     let calls = |o: &ReplayOptions| -> Vec<String> {
         replay_text(&t, o)
@@ -690,7 +690,7 @@ fn exec_images_share_their_pid() {
         chunk(7, 0, format::FLAG_LAST, 0, 100, &[entry(0, 0), exit(0, 50)]),
     )
     .unwrap();
-    let t = Trace::open(d).unwrap();
+    let t = open(d).unwrap();
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     let text = replay_text(&t, &ReplayOptions::default());
     assert_eq!(

@@ -41,14 +41,14 @@ fn edit_dat(dir: &Path, f: impl FnOnce(&mut Vec<u8>)) {
 fn missing_or_empty_dir_fails_clearly() {
     let dir = tempdir();
     let missing = dir.path().join("nope");
-    let e = Trace::open(&missing).unwrap_err();
+    let e = open(&missing).unwrap_err();
     assert!(matches!(e, TraceError::Io { .. }));
     assert!(
         e.to_string()
             .starts_with(&format!("{}: ", missing.display())),
         "{e}"
     );
-    let e = Trace::open(dir.path()).unwrap_err();
+    let e = open(dir.path()).unwrap_err();
     assert!(
         e.to_string().contains("not an ftramp trace directory"),
         "{e}"
@@ -62,7 +62,7 @@ fn truncated_mid_header() {
     // Cut 10 bytes into the third chunk's header (thread 100 seq 1).
     let cut = l.chunks[2] + 10;
     edit_dat(dir.path(), |b| b.truncate(cut));
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = only_problem(&t);
     let dat = dat_path(dir.path(), 100, 0);
     assert_eq!(
@@ -92,7 +92,7 @@ fn truncated_mid_payload_keeps_complete_events() {
     // The last chunk (thread 101 seq 2: entry c, exit c): keep its header and 12 bytes.
     let cut = l.chunks[3] + CHUNK_HEADER_SIZE + 12;
     edit_dat(dir.path(), |b| b.truncate(cut));
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = only_problem(&t);
     assert!(
         m.ends_with(&format!(
@@ -113,7 +113,7 @@ fn bad_magic_resynchronises_on_the_next_chunk() {
     edit_dat(dir.path(), |b| {
         b[l.chunks[0]..l.chunks[0] + 4].copy_from_slice(b"XXXX")
     });
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = only_problem(&t);
     let skipped = l.chunks[1] - l.chunks[0];
     assert_eq!(
@@ -140,7 +140,7 @@ fn a_bad_event_keeps_the_events_before_it() {
     // with its id and delta in the bits that must be zero.
     let at = l.chunks[0] + CHUNK_HEADER_SIZE + 3 * 8;
     edit_dat(dir.path(), |b| b[at] = (b[at] & !3) | 2);
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = only_problem(&t);
     assert!(
         m.contains(&format!("offset {at}: bad extended event 0x")),
@@ -169,7 +169,7 @@ fn length_too_big_and_past_the_end() {
     edit_dat(dir.path(), |b| {
         b[l.chunks[1] + 16..l.chunks[1] + 20].copy_from_slice(&0x7fff_fff8u32.to_le_bytes())
     });
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = only_problem(&t);
     assert!(
         m.contains(&format!(
@@ -193,7 +193,7 @@ fn length_too_big_and_past_the_end() {
     edit_dat(dir.path(), |b| {
         b[l.chunks[1] + 16..l.chunks[1] + 20].copy_from_slice(&(1u32 << 20).to_le_bytes())
     });
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = only_problem(&t);
     assert!(
         m.contains(&format!(
@@ -216,7 +216,7 @@ fn missing_sym_shows_ids() {
     demo_trace(dir.path());
     let sym = dir.path().join(format::task_file_name(100, 0, "sym"));
     std::fs::remove_file(&sym).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     assert_eq!(
         only_problem(&t),
         format!("{}: missing; functions are shown by id", sym.display())
@@ -252,7 +252,7 @@ fn bad_sym_lines_are_named() {
     // A crash cut the last line short.
     let text = format!("{text}5 10");
     std::fs::write(&sym, text).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = messages(&t);
     assert_eq!(m.len(), 2, "{m:#?}");
     assert!(
@@ -276,7 +276,7 @@ fn missing_or_bad_info() {
     demo_trace(dir.path());
     let info = dir.path().join(format::task_file_name(102, 0, "info"));
     std::fs::remove_file(&info).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = messages(&t);
     assert_eq!(
         m,
@@ -301,7 +301,7 @@ fn missing_or_bad_info() {
         .unwrap()
         .replace("ppid = 1", "ppid = \"x\"");
     std::fs::write(&info, format!("{text}exit = \"sig")).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = messages(&t);
     assert_eq!(m.len(), 2, "{m:#?}");
     assert!(
@@ -320,7 +320,7 @@ fn missing_or_bad_info() {
     let dir = tempdir();
     demo_trace(dir.path());
     std::fs::remove_file(dir.path().join("info")).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     assert!(only_problem(&t)
         .ends_with("info: missing; tracer and command unknown (read as function_graph)"));
     assert!(t.info.has_exits());
@@ -343,7 +343,7 @@ fn the_runs_calibration_is_every_processs() {
         BASE_NS + 1_000_000
     );
     std::fs::write(&info, &run).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     assert!(t.problems.is_empty(), "{:#?}", messages(&t));
     assert_eq!(t.info.calibration.map(|c| c.ticks_per_sec), Some(2 * TPS));
     assert_eq!(thread(&t, 102).events[0].ns, BASE_NS + 1_000_000 + 2000);
@@ -353,7 +353,7 @@ fn the_runs_calibration_is_every_processs() {
     // It also stands in for a process's missing .info, without a complaint
     // about the clock.
     std::fs::remove_file(dir.path().join(format::task_file_name(102, 0, "info"))).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = messages(&t);
     assert_eq!(m.len(), 1, "{m:#?}");
     assert!(m[0].ends_with("missing; process details and clock calibration unknown"), "{}", m[0]);
@@ -361,7 +361,7 @@ fn the_runs_calibration_is_every_processs() {
 
     // A bad one is reported and the processes' own are used.
     std::fs::write(&info, format!("{text}\n[calibration]\nticks_per_sec = 0\nbase_ticks = 1\n")).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     let m = messages(&t);
     assert!(m.iter().any(|m| m.contains("bad `[calibration]`") && m.contains("each process's own is used")), "{m:#?}");
     assert_eq!(t.info.calibration, None);
@@ -373,7 +373,7 @@ fn missing_dat() {
     let dir = tempdir();
     demo_trace(dir.path());
     std::fs::remove_file(dat_path(dir.path(), 102, 0)).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     assert!(only_problem(&t).ends_with("task-102-0.dat: missing; no events for this process"));
     assert_eq!(t.processes.len(), 2);
 }
@@ -416,7 +416,7 @@ impl Rng {
 
 /// Reads and renders a damaged trace in every way; a panic fails the test.
 fn read_everything(dir: &Path) {
-    let Ok(t) = Trace::open(dir) else { return };
+    let Ok(t) = open(dir) else { return };
     for p in &t.problems {
         // Every problem names its file.
         assert!(p.to_string().starts_with(&dir.display().to_string()), "{p}");
@@ -537,7 +537,7 @@ fn a_huge_symbol_id_does_not_blow_up() {
     let sym = dir.path().join(format::task_file_name(100, 0, "sym"));
     let text = std::fs::read_to_string(&sym).unwrap();
     std::fs::write(&sym, format!("{text}4000000000 1 0 far /bin/demo\n")).unwrap();
-    let t = Trace::open(dir.path()).unwrap();
+    let t = open(dir.path()).unwrap();
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     assert_eq!(t.processes[0].func_name(4_000_000_000), "far");
     let lines = dump::folded(&t, &FoldOptions::default());

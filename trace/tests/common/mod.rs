@@ -293,3 +293,40 @@ pub fn tempdir() -> tempfile::TempDir {
         .tempdir()
         .unwrap()
 }
+
+/// [`Trace::open`], checked against [`Trace::open_streaming`]: the same problems and, for
+/// every thread, the same figures and the same events and losses in the same order. Every
+/// test that opens a trace through it checks that replay, report and dump (which read
+/// threads only through `for_each` and `span`) see the same trace either way.
+pub fn open(dir: &Path) -> Result<ftramp_trace::Trace, ftramp_trace::TraceError> {
+    use ftramp_trace::read::Item;
+    let decoded = ftramp_trace::Trace::open(dir);
+    let streamed = ftramp_trace::Trace::open_streaming(dir);
+    let (d, s) = match (&decoded, &streamed) {
+        (Ok(d), Ok(s)) => (d, s),
+        (Err(d), Err(s)) => {
+            assert_eq!(d.to_string(), s.to_string());
+            return decoded;
+        }
+        _ => panic!("{}: one way opens, the other does not", dir.display()),
+    };
+    let problems = |t: &ftramp_trace::Trace| t.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    assert_eq!(problems(d), problems(s));
+    assert_eq!(d.processes.len(), s.processes.len());
+    for (dp, sp) in d.processes.iter().zip(&s.processes) {
+        assert_eq!((dp.pid, dp.image, dp.lost, dp.threads.len()), (sp.pid, sp.image, sp.lost, sp.threads.len()));
+        for (dt, st) in dp.threads.iter().zip(&sp.threads) {
+            assert!(st.events.is_empty() && st.losses.is_empty(), "a streamed thread holds no events");
+            assert_eq!((dt.tid, dt.lost, dt.lost_chunks, dt.exited, dt.span()), (st.tid, st.lost, st.lost_chunks, st.exited, st.span()));
+            let items = |t: &ftramp_trace::Thread| {
+                let mut v: Vec<Item> = Vec::new();
+                t.for_each(|i| v.push(i));
+                v
+            };
+            let di = items(dt);
+            assert_eq!(di.iter().filter(|i| matches!(i, Item::Event(_))).count(), dt.events.len());
+            assert_eq!(di, items(st), "{}: tid {}", dir.display(), dt.tid);
+        }
+    }
+    decoded
+}
