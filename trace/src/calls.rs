@@ -472,51 +472,10 @@ mod tests {
     /// with nothing open, losses anywhere, calls left open) walk as their trees.
     #[test]
     fn the_walk_is_the_trees_depth_first_order() {
-        use crate::format::UNWOUND_FUNC;
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut r = crate::testgen::Rng::new(0x9e37_79b9_7f4a_7c15);
+        let shape = crate::testgen::Shape { events: 120, funcs: 5, step_ns: 1000, loss_every: 12 };
         for round in 0..500 {
-            let (mut events, mut losses, mut ns, mut open) =
-                (Vec::new(), Vec::new(), 0u64, Vec::new());
-            for _ in 0..rnd(120) {
-                ns += rnd(1000);
-                if rnd(12) == 0 {
-                    losses.push(Loss {
-                        at: events.len(),
-                        ns,
-                        what: Lost::Events(rnd(9) + 1),
-                    });
-                }
-                let (kind, func) = match rnd(10) {
-                    0..=4 => {
-                        let f = rnd(5) as u32;
-                        open.push(f);
-                        (EventKind::Entry, f)
-                    }
-                    5..=7 => (EventKind::Exit, open.pop().unwrap_or(9)),
-                    8 => (EventKind::Exit, UNWOUND_FUNC),
-                    _ => (EventKind::Exit, rnd(6) as u32),
-                };
-                events.push(ev(kind, func, ns));
-            }
-            if rnd(3) == 0 {
-                losses.push(Loss {
-                    at: events.len(),
-                    ns,
-                    what: Lost::Chunks(1),
-                });
-            }
-            let t = Thread {
-                tid: 1,
-                events,
-                losses,
-                ..Default::default()
-            };
+            let t = crate::testgen::thread(&mut r, 1, &shape);
             for has_exits in [true, false] {
                 let tree = CallTree::build(&t, has_exits);
                 let mut steps = Vec::new();

@@ -12,7 +12,7 @@
 //!   `function` tracer traces count calls instead of time.
 
 use crate::calls::{End, Step, Walk};
-use crate::read::Trace;
+use crate::read::{Thread, Trace};
 use crate::replay::{name, names_of, Select};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -53,6 +53,29 @@ impl std::fmt::Display for Us {
 
 /// Writes Chrome trace-event JSON of the selected threads.
 pub fn chrome(trace: &Trace, select: &Select, out: &mut dyn Write) -> io::Result<()> {
+    chrome_by(trace, select, out, &mut chrome_thread)
+}
+
+/// What a thread's Chrome events are written with.
+struct ChromeThread<'a> {
+    pid: u32,
+    has_exits: bool,
+    start: u64,
+    /// The process's function names as JSON strings, by id.
+    jnames: &'a [String],
+}
+
+/// Writes a thread's events, each as `,\n{...}` (never the first element: the process's
+/// `process_name` came before).
+type ThreadWriter<'w> = dyn FnMut(&mut dyn Write, &ChromeThread, &Thread) -> io::Result<()> + 'w;
+
+/// [`chrome`] with the threads' events written by `thread`.
+fn chrome_by(
+    trace: &Trace,
+    select: &Select,
+    out: &mut dyn Write,
+    thread: &mut ThreadWriter,
+) -> io::Result<()> {
     let has_exits = trace.info.has_exits();
     let start = trace.start_ns();
     writeln!(out, "{{\"displayTimeUnit\":\"ns\",")?;
@@ -106,56 +129,52 @@ pub fn chrome(trace: &Trace, select: &Select, out: &mut dyn Write) -> io::Result
                     ),
                 )?;
             }
-            let mut result = Ok(());
-            Walk::thread(t, has_exits, |s| {
-                if result.is_err() {
-                    return;
-                }
-                let func_name = |f: u32| match jnames.get(f as usize) {
-                    Some(n) => Cow::Borrowed(n.as_str()),
-                    None => Cow::Owned(json_str(&format!("#{f}"))),
-                };
-                const INSTANT: &str = "i\",\"s\":\"t";
-                let (n, cat, ph, ns, args) = match s {
-                    Step::Lost { ns, what, .. } => (
-                        Cow::Owned(json_str(&what.to_string())),
-                        "lost",
-                        INSTANT,
-                        ns,
-                        "",
-                    ),
-                    Step::Enter { func, ns, .. } => (
-                        func_name(func),
-                        "function",
-                        if has_exits { "B" } else { INSTANT },
-                        ns,
-                        "",
-                    ),
-                    Step::Leave {
-                        end: End::NoExit, ..
-                    } => return,
-                    Step::Leave {
-                        func, end, at_ns, ..
-                    } => {
-                        let args = match end {
-                            End::Unwound(_) => ",\"args\":{\"unwound\":true}",
-                            End::Unfinished => ",\"args\":{\"unfinished\":true}",
-                            End::Returned(_) | End::NoExit => "",
-                        };
-                        (func_name(func), "function", "E", at_ns, args)
-                    }
-                };
-                // Never the first element: the process's process_name came before.
-                result = write!(
-                    out,
-                    ",\n{{\"name\":{n},\"cat\":\"{cat}\",\"ph\":\"{ph}\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}{args}}}",
-                    Us(ns.saturating_sub(start))
-                );
-            });
-            result?;
+            let ctx = ChromeThread {
+                pid,
+                has_exits,
+                start,
+                jnames: &jnames,
+            };
+            thread(out, &ctx, t)?;
         }
     }
     writeln!(out, "\n]}}")
+}
+
+/// The Chrome events of thread `t`: `B`/`E` per call (instants without exits), losses as
+/// instants.
+fn chrome_thread(out: &mut dyn Write, c: &ChromeThread, t: &Thread) -> io::Result<()> {
+    let (pid, tid, start, has_exits) = (c.pid, t.tid, c.start, c.has_exits);
+    let func_name = |f: u32| match c.jnames.get(f as usize) {
+        Some(n) => Cow::Borrowed(n.as_str()),
+        None => Cow::Owned(json_str(&format!("#{f}"))),
+    };
+    const INSTANT: &str = "i\",\"s\":\"t";
+    let mut result = Ok(());
+    Walk::thread(t, has_exits, |s| {
+        if result.is_err() {
+            return;
+        }
+        let (n, cat, ph, ns, args) = match s {
+            Step::Lost { ns, what, .. } => (Cow::Owned(json_str(&what.to_string())), "lost", INSTANT, ns, ""),
+            Step::Enter { func, ns, .. } => (func_name(func), "function", if has_exits { "B" } else { INSTANT }, ns, ""),
+            Step::Leave { end: End::NoExit, .. } => return,
+            Step::Leave { func, end, at_ns, .. } => {
+                let args = match end {
+                    End::Unwound(_) => ",\"args\":{\"unwound\":true}",
+                    End::Unfinished => ",\"args\":{\"unfinished\":true}",
+                    End::Returned(_) | End::NoExit => "",
+                };
+                (func_name(func), "function", "E", at_ns, args)
+            }
+        };
+        result = write!(
+            out,
+            ",\n{{\"name\":{n},\"cat\":\"{cat}\",\"ph\":\"{ph}\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}{args}}}",
+            Us(ns.saturating_sub(start))
+        );
+    });
+    result
 }
 
 /// Options of [`folded`].
@@ -245,105 +264,51 @@ fn frame(n: &str) -> String {
 mod tests {
     use super::*;
     use crate::calls::{CallTree, Node};
-    use crate::read::{Event, EventKind, Loss, Lost, Process, Thread, TraceInfo};
+    use crate::read::{Event, EventKind, Process, TraceInfo};
 
     // The Chrome and folded writers as they were over the whole call tree: the models
     // the streaming ones must match.
-    fn tree_chrome(trace: &Trace, select: &Select, out: &mut dyn Write) -> io::Result<()> {
-        let has_exits = trace.info.has_exits();
-        let start = trace.start_ns();
-        writeln!(out, "{{\"displayTimeUnit\":\"ns\",")?;
-        writeln!(
-            out,
-            "\"otherData\":{{\"trace\":{},\"tracer\":{},\"command\":{},\"start_ns\":{start}}},",
-            json_str(&trace.dir.display().to_string()),
-            json_str(&trace.info.tracer),
-            json_str(&trace.info.command.join(" "))
-        )?;
-        write!(out, "\"traceEvents\":[")?;
-        let mut first = true;
-        let mut ev = |out: &mut dyn Write, body: String| -> io::Result<()> {
-            let sep = if first { "\n" } else { ",\n" };
-            first = false;
-            write!(out, "{sep}{body}")
-        };
-        // One process_name per pid (exec'd images share the pid): their names joined.
-        let mut pid_names: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-        for p in trace.processes.iter().filter(|p| select.process(p)) {
-            let v = pid_names.entry(p.pid).or_default();
-            if !v.iter().any(|n| n == p.short_name()) {
-                v.push(p.short_name().to_string());
-            }
-        }
-        for (pid, names) in &pid_names {
-            ev(
-                out,
-                format!(
-                    "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{pid},\"args\":{{\"name\":{}}}}}",
-                    json_str(&names.join(" -> "))
-                ),
-            )?;
-        }
-        for p in trace.processes.iter().filter(|p| select.process(p)) {
-            let jnames: Vec<String> = names_of(p).iter().map(|n| json_str(n)).collect();
-            let pid = p.pid;
-            for t in p.threads.iter().filter(|t| select.thread(t)) {
-                let tid = t.tid;
-                if p.image == 0 || !trace.processes.iter().any(|q| q.pid == pid && q.image == 0) {
-                    let tname = if tid == pid {
-                        format!("{} (main)", p.short_name())
-                    } else {
-                        format!("thread {tid}")
-                    };
-                    ev(
-                        out,
-                        format!(
-                            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
-                            json_str(&tname)
-                        ),
-                    )?;
-                }
-                let tree = CallTree::build(t, has_exits);
-                let mut work: Vec<(Node, bool)> =
-                    tree.roots.iter().rev().map(|&n| (n, false)).collect();
-                while let Some((node, close)) = work.pop() {
-                    let (n, cat, ph, ns, args) = match node {
-                        Node::Lost { ns, what } => {
-                            let n = json_str(&what.to_string());
-                            (Cow::Owned(n), "lost", "i\",\"s\":\"t", ns, "")
-                        }
-                        Node::Call(c) => {
-                            let call = &tree.calls[c];
-                            let n = match jnames.get(call.func as usize) {
-                                Some(n) => Cow::Borrowed(n.as_str()),
-                                None => Cow::Owned(json_str(&format!("#{}", call.func))),
+    fn tree_chrome_thread(out: &mut dyn Write, c: &ChromeThread, t: &Thread) -> io::Result<()> {
+        let (pid, tid, start, has_exits, jnames) = (c.pid, t.tid, c.start, c.has_exits, c.jnames);
+            let tree = CallTree::build(t, has_exits);
+            let mut work: Vec<(Node, bool)> =
+                tree.roots.iter().rev().map(|&n| (n, false)).collect();
+            while let Some((node, close)) = work.pop() {
+                let (n, cat, ph, ns, args) = match node {
+                    Node::Lost { ns, what } => {
+                        let n = json_str(&what.to_string());
+                        (Cow::Owned(n), "lost", "i\",\"s\":\"t", ns, "")
+                    }
+                    Node::Call(c) => {
+                        let call = &tree.calls[c];
+                        let n = match jnames.get(call.func as usize) {
+                            Some(n) => Cow::Borrowed(n.as_str()),
+                            None => Cow::Owned(json_str(&format!("#{}", call.func))),
+                        };
+                        if call.end == End::NoExit {
+                            (n, "function", "i\",\"s\":\"t", call.entry_ns, "")
+                        } else if !close {
+                            work.push((node, true));
+                            work.extend(call.children.iter().rev().map(|&k| (k, false)));
+                            (n, "function", "B", call.entry_ns, "")
+                        } else {
+                            let args = match call.end {
+                                End::Unwound(_) => ",\"args\":{\"unwound\":true}",
+                                End::Unfinished => ",\"args\":{\"unfinished\":true}",
+                                End::Returned(_) | End::NoExit => "",
                             };
-                            if call.end == End::NoExit {
-                                (n, "function", "i\",\"s\":\"t", call.entry_ns, "")
-                            } else if !close {
-                                work.push((node, true));
-                                work.extend(call.children.iter().rev().map(|&k| (k, false)));
-                                (n, "function", "B", call.entry_ns, "")
-                            } else {
-                                let args = match call.end {
-                                    End::Unwound(_) => ",\"args\":{\"unwound\":true}",
-                                    End::Unfinished => ",\"args\":{\"unfinished\":true}",
-                                    End::Returned(_) | End::NoExit => "",
-                                };
-                                (n, "function", "E", tree.end_or_last(c), args)
-                            }
+                            (n, "function", "E", tree.end_or_last(c), args)
                         }
-                    };
-                    // Never the first element: the process's process_name came before.
-                    write!(
-                        out,
-                        ",\n{{\"name\":{n},\"cat\":\"{cat}\",\"ph\":\"{ph}\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}{args}}}",
-                        Us(ns.saturating_sub(start))
-                    )?;
-                }
+                    }
+                };
+                // Never the first element: the process's process_name came before.
+                write!(
+                    out,
+                    ",\n{{\"name\":{n},\"cat\":\"{cat}\",\"ph\":\"{ph}\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}{args}}}",
+                    Us(ns.saturating_sub(start))
+                )?;
             }
-        }
-        writeln!(out, "\n]}}")
+        Ok(())
     }
 
     fn tree_folded(trace: &Trace, opts: &FoldOptions) -> Vec<String> {
@@ -425,64 +390,27 @@ mod tests {
     /// than the folded limit, entries-only traces) dump as over the call tree.
     #[test]
     fn streaming_dumps_are_the_tree_writers() {
-        let mut seed = 0xdead_beef_1234_5678u64;
-        let mut rnd = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut r = crate::testgen::Rng::new(0xdead_beef_1234_5678);
+        let shape = crate::testgen::Shape { events: 80, funcs: 5, step_ns: 100, loss_every: 10 };
         for round in 0..400 {
             let mut threads = Vec::new();
-            for tid in 1..=2 + rnd(2) as u32 {
-                let (mut events, mut losses, mut ns, mut open) =
-                    (Vec::new(), Vec::new(), 1000u64, Vec::new());
-                let deep = rnd(8) == 0;
-                for _ in 0..rnd(80) {
-                    ns += rnd(100);
-                    if rnd(10) == 0 {
-                        losses.push(Loss {
-                            at: events.len(),
-                            ns,
-                            what: Lost::Events(rnd(9) + 1),
-                        });
-                    }
-                    let (kind, func) = match rnd(10) {
-                        0..=4 => {
-                            let f = rnd(5) as u32;
-                            open.push(f);
-                            (EventKind::Entry, f)
-                        }
-                        5..=8 => (EventKind::Exit, open.pop().unwrap_or(8)),
-                        _ => (EventKind::Exit, crate::format::UNWOUND_FUNC),
-                    };
-                    events.push(Event { kind, func, ns });
-                }
+            for tid in 1..=2 + r.below(2) as u32 {
+                let deep = r.below(8) == 0;
+                let mut t = crate::testgen::thread(&mut r, tid, &shape);
+                let ns = t.events.last().map_or(0, |e| e.ns);
                 if deep {
                     // Past MAX_FOLDED_DEPTH.
                     for i in 0..MAX_FOLDED_DEPTH as u64 + 3 {
-                        events.push(Event {
+                        t.events.push(Event {
                             kind: EventKind::Entry,
                             func: 3,
                             ns: ns + i,
                         });
                     }
                 }
-                if rnd(3) == 0 {
-                    losses.push(Loss {
-                        at: events.len(),
-                        ns,
-                        what: Lost::Chunks(1),
-                    });
-                }
-                threads.push(Thread {
-                    tid,
-                    events,
-                    losses,
-                    ..Default::default()
-                });
+                threads.push(t);
             }
-            let tracer = if rnd(4) == 0 {
+            let tracer = if r.below(4) == 0 {
                 "function"
             } else {
                 "function_graph"
@@ -503,7 +431,7 @@ mod tests {
             };
             let select = Select::default();
             let (mut want, mut got) = (Vec::new(), Vec::new());
-            tree_chrome(&trace, &select, &mut want).unwrap();
+            chrome_by(&trace, &select, &mut want, &mut tree_chrome_thread).unwrap();
             chrome(&trace, &select, &mut got).unwrap();
             assert_eq!(
                 String::from_utf8(got).unwrap(),

@@ -1,4 +1,4 @@
-//! The ftramp trace directory (format v1): what `ftramp record` writes and
+//! The ftramp trace directory (format v2; v1 is read too): what `ftramp record` writes and
 //! `ftramp replay|report|dump` read.
 
 pub mod format;
@@ -8,5 +8,7 @@ pub mod dump;
 pub mod read;
 pub mod replay;
 pub mod report;
+#[cfg(test)]
+mod testgen;
 
 pub use read::{Event, EventKind, Process, Symbol, Thread, Trace, TraceError, TraceInfo};

@@ -475,27 +475,15 @@ impl Graph<'_> {
                 };
                 let dur = s.duration();
                 let name = name(self.names, func);
-                if opened {
-                    let how = match end {
-                        End::Returned(_) => "",
-                        End::Unwound(_) => ": unwound",
-                        End::Unfinished | End::NoExit => ": unfinished",
-                    };
-                    return line(
-                        out,
-                        dur,
-                        self.tid,
-                        depth,
-                        format_args!("}} /* {name}{how} */"),
-                    );
-                }
-                if matches!((self.min_ns, dur), (Some(min), Some(d)) if d < min) {
+                let hidden = !opened && matches!((self.min_ns, dur), (Some(min), Some(d)) if d < min);
+                if hidden {
                     // Hidden, with everything inside it.
                     self.held.truncate(mark);
                     return Ok(());
                 }
-                if self.held.len() > mark + 1 {
-                    // Losses inside it are shown: `name() {` … `}`.
+                if opened || self.held.len() > mark + 1 {
+                    // Something inside it is shown (held losses: written now):
+                    // `name() {` … `}`.
                     self.release(out)?;
                     let how = match end {
                         End::Returned(_) => "",
@@ -739,7 +727,7 @@ mod tests {
     /// random filters, depth limits and minimum durations print as over the call tree.
     #[test]
     fn streaming_graph_is_the_tree_printers() {
-        use crate::read::{Event, EventKind, Loss, Lost, Process, Symbol};
+        use crate::read::{Process, Symbol};
         let p = Process {
             symbols: (0..6)
                 .map(|id| Symbol {
@@ -753,60 +741,21 @@ mod tests {
             ..Default::default()
         };
         let names = names_of(&p);
-        let mut seed = 0x0123_4567_89ab_cdefu64;
-        let mut rnd = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut r = crate::testgen::Rng::new(0x0123_4567_89ab_cdef);
+        let shape = crate::testgen::Shape { events: 60, funcs: 6, step_ns: 100, loss_every: 10 };
         let mut shown = 0;
         for round in 0..3000 {
-            let (mut events, mut losses, mut ns, mut open) =
-                (Vec::new(), Vec::new(), 0u64, Vec::new());
-            for _ in 0..rnd(60) {
-                ns += rnd(100);
-                if rnd(10) == 0 {
-                    losses.push(Loss {
-                        at: events.len(),
-                        ns,
-                        what: Lost::Events(rnd(9) + 1),
-                    });
-                }
-                let (kind, func) = match rnd(10) {
-                    0..=4 => {
-                        let f = rnd(6) as u32;
-                        open.push(f);
-                        (EventKind::Entry, f)
-                    }
-                    5..=8 => (EventKind::Exit, open.pop().unwrap_or(7)),
-                    _ => (EventKind::Exit, crate::format::UNWOUND_FUNC),
-                };
-                events.push(Event { kind, func, ns });
-            }
-            if rnd(4) == 0 {
-                losses.push(Loss {
-                    at: events.len(),
-                    ns,
-                    what: Lost::Chunks(2),
-                });
-            }
-            let t = Thread {
-                tid: 7,
-                events,
-                losses,
-                ..Default::default()
-            };
-            let globs = |r: u64| match r {
+            let t = crate::testgen::thread(&mut r, 7, &shape);
+            let globs = |g: u64| match g {
                 0 | 1 => Globs::default(),
                 2 => Globs::new(&["f1".into()]).unwrap(),
                 _ => Globs::new(&["f2".into(), "f4".into()]).unwrap(),
             };
             let o = ReplayOptions {
-                filter: globs(rnd(4)),
-                notrace: globs(rnd(5) / 2),
-                depth: [None, Some(1), Some(2), Some(4)][rnd(4) as usize],
-                min_ns: [None, None, Some(50), Some(200)][rnd(4) as usize],
+                filter: globs(r.below(4)),
+                notrace: globs(r.below(5) / 2),
+                depth: [None, Some(1), Some(2), Some(4)][r.below(4) as usize],
+                min_ns: [None, None, Some(50), Some(200)][r.below(4) as usize],
                 ..Default::default()
             };
             let (filter, notrace) = (

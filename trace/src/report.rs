@@ -229,8 +229,6 @@ pub fn report(trace: &Trace, opts: &ReportOptions, out: &mut dyn Write) -> io::R
 mod tests {
     use super::*;
     use crate::calls::CallTree;
-    use crate::format::UNWOUND_FUNC;
-    use crate::read::{Event, EventKind};
 
     /// The figures as the call tree gives them (what `stats` computed
     /// before its one-pass version): the oracle for [`thread_stats`].
@@ -269,38 +267,10 @@ mod tests {
     /// the call tree's figures in one pass.
     #[test]
     fn one_pass_figures_are_the_call_trees() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut r = crate::testgen::Rng::new(0x2545_f491_4f6c_dd1d);
+        let shape = crate::testgen::Shape { events: 200, funcs: 5, step_ns: 1000, loss_every: 0 };
         for round in 0..300 {
-            let (mut events, mut ns, mut open) = (Vec::new(), 0u64, Vec::new());
-            for _ in 0..rnd(200) {
-                ns += rnd(1000);
-                let (kind, func) = match rnd(10) {
-                    0..=4 => {
-                        let f = rnd(5) as u32;
-                        open.push(f);
-                        (EventKind::Entry, f)
-                    }
-                    5..=7 => match open.pop() {
-                        Some(f) => (EventKind::Exit, f),
-                        None => (EventKind::Exit, 9),
-                    },
-                    8 => (EventKind::Exit, UNWOUND_FUNC),
-                    // An EXIT of any function: one further out, or none open.
-                    _ => (EventKind::Exit, rnd(6) as u32),
-                };
-                events.push(Event { kind, func, ns });
-            }
-            let t = Thread {
-                tid: 1,
-                events,
-                ..Default::default()
-            };
+            let t = crate::testgen::thread(&mut r, 1, &shape);
             for has_exits in [true, false] {
                 let mut got = HashMap::new();
                 thread_stats(&t, has_exits, &mut got);
