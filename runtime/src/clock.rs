@@ -222,7 +222,7 @@ pub fn now_ns() -> u64 {
 fn tsc_reliable() -> bool {
     static R: OnceLock<bool> = OnceLock::new();
     *R.get_or_init(|| {
-        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return false };
+        let Ok(info) = crate::read_proc("/proc/cpuinfo") else { return false };
         let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
         let has = |f: &str| flags.split_whitespace().any(|w| w == f);
         has("constant_tsc") && has("nonstop_tsc")

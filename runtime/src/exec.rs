@@ -25,7 +25,7 @@ fn round_up(n: usize, to: usize) -> usize {
 
 /// Mapped ranges of this process, from `/proc/self/maps`.
 fn mapped_ranges() -> Vec<(usize, usize)> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let maps = crate::read_proc("/proc/self/maps").unwrap_or_default();
     let mut out: Vec<(usize, usize)> = maps
         .lines()
         .filter_map(|l| {

@@ -82,6 +82,18 @@ pub const HOST_ARCH: &str = if cfg!(target_arch = "x86_64") {
     "unsupported"
 };
 
+/// A `/proc` file's text, read whole in a few large reads.  The kernel
+/// makes such a file one read at a time (`/proc/self/maps` walks the
+/// mappings under the mm lock for each), and `fs::read_to_string`, which
+/// sees a size of 0, starts with 32-byte reads and doubles them: ten reads
+/// for a 10 KB `maps`.
+pub(crate) fn read_proc(path: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::with_capacity(64 << 10);
+    std::fs::File::open(path)?.read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// The built-in spec of the host architecture, parsed once.
 pub fn host_spec() -> &'static Spec {
     static SPEC: std::sync::OnceLock<Spec> = std::sync::OnceLock::new();

@@ -32,7 +32,7 @@ pub(crate) struct Maps(Vec<Mapping>);
 
 impl Maps {
     pub(crate) fn read() -> Result<Maps, RuntimeError> {
-        let text = std::fs::read_to_string("/proc/self/maps").map_err(|err| RuntimeError::Os { call: "read /proc/self/maps", err })?;
+        let text = crate::read_proc("/proc/self/maps").map_err(|err| RuntimeError::Os { call: "read /proc/self/maps", err })?;
         let mut maps: Vec<Mapping> = text.lines().filter_map(parse_line).collect();
         maps.sort_by_key(|m| m.start);
         Ok(Maps(maps))
