@@ -56,6 +56,8 @@ struct State {
     /// The function_graph user.
     users: Vec<Arc<Fgraph>>,
     ops: Option<Arc<Ops>>,
+    /// Modules [`warn_unlisted`] has warned about.
+    warned_unlisted: Vec<String>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -131,16 +133,10 @@ fn start_with(opts: Options) -> Result<(), String> {
     if main_sites == 0 && opts.record_pid.is_none() {
         say(&no_sites_advice(&exe_path()));
     }
-    // Once per run: in the program `ftramp record` started (not in each
-    // image it execs or forks).
-    // SAFETY: getppid cannot fail.
-    let parent = unsafe { libc::getppid() } as u32;
-    if opts.record_pid.is_none() || opts.record_pid == Some(parent) {
-        for m in disc.modules().iter().filter(|m| m.unlisted > 0) {
-            say(&unlisted_warning(&m.name, m.unlisted));
-        }
-    }
+    let mut warned_unlisted = Vec::new();
+    warn_unlisted(opts, disc.modules(), &mut warned_unlisted);
     let mut st = State {
+        warned_unlisted,
         disc,
         sites: HashMap::new(),
         syms: Vec::new(),
@@ -183,6 +179,24 @@ pub fn started() -> bool {
 /// (one load, no system call: [`started`] without the pid test).
 pub fn started_here_or_before_fork() -> bool {
     STARTED.load(Relaxed)
+}
+
+/// Warns about the modules of `modules` with functions that have sites but
+/// are in no site table, once per module and run: in the program `ftramp
+/// record` started (not in each image it execs or forks), at start and as
+/// it loads libraries.
+fn warn_unlisted<'m>(opts: &Options, modules: impl IntoIterator<Item = &'m Module>, warned: &mut Vec<String>) {
+    // SAFETY: getppid cannot fail.
+    let parent = unsafe { libc::getppid() } as u32;
+    if opts.record_pid.is_some() && opts.record_pid != Some(parent) {
+        return;
+    }
+    for m in modules.into_iter().filter(|m| m.unlisted > 0) {
+        if !warned.contains(&m.name) {
+            say(&unlisted_warning(&m.name, m.unlisted));
+            warned.push(m.name.clone());
+        }
+    }
 }
 
 /// The warning for a module with functions that have sites but are in
@@ -503,6 +517,9 @@ fn check_modules_with(mut guard: MutexGuard<'static, Option<State>>) {
                 .iter()
                 .filter_map(|id| st.disc.module(*id))
                 .collect();
+            if let Some(opts) = OPTIONS.get() {
+                warn_unlisted(opts, added.iter().copied(), &mut st.warned_unlisted);
+            }
             let new = funcs(added);
             changed |= !new.is_empty();
             name_sites(st, &new);

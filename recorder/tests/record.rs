@@ -1410,6 +1410,42 @@ fn functions_whose_site_table_the_link_lost_are_reported() {
     let traced = got.iter().any(|(name, &(entries, _))| name.contains("from_a") && entries == 1);
     assert!(warned != traced, "from_a traced {traced}, warned {warned}: {got:?}\n{stderr}");
     assert_eq!(count(&got, "main"), (1, 1), "{got:?}");
+
+    // The same two files as a library the program loads with dlopen: the
+    // warning comes when it is loaded, once however often it is.
+    for f in ["a", "b"] {
+        let st = Command::new(&cxx).current_dir(&dir).args(["-O2", "-fPIC", "-c", &format!("{f}.cc"), "-o", &format!("{f}.pic.o")]).args(&flags).status().unwrap();
+        assert!(st.success(), "{cxx} -fPIC {f}.cc");
+    }
+    let st = Command::new(&cxx).current_dir(&dir).args(["-shared", "b.pic.o", "a.pic.o", "-o", "liblost.so"]).status().unwrap();
+    assert!(st.success(), "link liblost.so");
+    std::fs::write(
+        dir.join("loader.c"),
+        "#include <dlfcn.h>\n#include <stdio.h>\n\
+         int main(void) {\n\
+           int r = 0;\n\
+           for (int i = 0; i < 2; i++) {\n\
+             void *h = dlopen(LIB, RTLD_NOW);\n\
+             if (!h) { fprintf(stderr, \"%s\\n\", dlerror()); return 1; }\n\
+             int (*f)(int) = (int (*)(int))dlsym(h, \"_Z6from_ai\");\n\
+             r += f(1) - 2;\n\
+             dlclose(h);\n\
+           }\n\
+           return r;\n\
+         }\n",
+    )
+    .unwrap();
+    let lib = format!("-DLIB=\"{}\"", dir.join("liblost.so").display());
+    let st = Command::new(compiler()).current_dir(&dir).args(["-O2", &lib, "loader.c", "-o", "loader", "-ldl"]).args(&flags).status().unwrap();
+    assert!(st.success(), "loader.c");
+    let trace = trace_dir("lost-table-dlopen", "function_graph");
+    let out = record(&trace, &dir.join("loader"), &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warnings = stderr.matches("liblost.so: 1 function begins with a patch site's NOPs but is missing from its site table").count();
+    let got = per_function(&open(&trace).processes[0]);
+    let traced = got.iter().any(|(name, &(entries, _))| name.contains("from_a") && entries == 2);
+    assert!((warnings == 1) != traced, "from_a traced {traced}, warned {warnings} times: {got:?}\n{stderr}");
 }
 
 /// A process killed by a signal whose default action ends it but that is
