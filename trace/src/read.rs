@@ -191,9 +191,10 @@ pub enum Item {
 ///
 /// Held in one of two ways: decoded (`events` and `losses`: threads built in memory, and
 /// those of [`Trace::open`]), or streamed (a trace opened with [`Trace::open_streaming`]:
-/// `events` and `losses` stay empty and [`Thread::for_each`] decodes the thread's chunks
-/// from the `.dat` bytes at each pass, so that the memory a pass needs is the file's size,
-/// not 16 bytes per event). Read the events with [`Thread::for_each`] to take both.
+/// `events` and `losses` stay empty and [`Thread::for_each`] reads and decodes the thread's
+/// chunks from its `.dat` file one at a time at each pass, so that a pass needs memory for
+/// one chunk, not 16 bytes per event). Read the events with [`Thread::for_each`] to take
+/// both.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Thread {
     pub tid: u32,
@@ -210,12 +211,12 @@ pub struct Thread {
     pub(crate) stored: Option<Stored>,
 }
 
-/// A streamed thread's chunks, in `seq` order, in its `.dat` file's bytes, and the times
-/// of its first and last events (found when the trace was opened).
+/// A streamed thread's chunks, in `seq` order, in its `.dat` file, and the times of its
+/// first and last events (found when the trace was opened).
 #[derive(Clone)]
 pub(crate) struct Stored {
     path: std::sync::Arc<PathBuf>,
-    bytes: std::sync::Arc<Vec<u8>>,
+    dat: std::sync::Arc<Dat>,
     run: Vec<Chunk>,
     cal: Calibration,
     span: Option<(u64, u64)>,
@@ -229,7 +230,7 @@ impl fmt::Debug for Stored {
 
 impl PartialEq for Stored {
     fn eq(&self, o: &Stored) -> bool {
-        std::sync::Arc::ptr_eq(&self.bytes, &o.bytes) && self.run == o.run
+        std::sync::Arc::ptr_eq(&self.dat, &o.dat) && self.run == o.run
     }
 }
 
@@ -241,7 +242,7 @@ impl Thread {
     pub fn for_each(&self, mut f: impl FnMut(Item)) {
         if let Some(st) = &self.stored {
             // Damage was reported when the trace was opened.
-            decode_run(&st.path, &st.bytes, &st.run, self.tid, &st.cal, &mut Vec::new(), &mut f);
+            decode_run(&st.path, &st.dat, &st.run, self.tid, &st.cal, &mut Vec::new(), &mut f);
             return;
         }
         let mut losses = self.losses.iter().peekable();
@@ -368,9 +369,9 @@ impl Trace {
         Trace::open_as(dir, false)
     }
 
-    /// [`Trace::open`] with streamed threads (see [`Thread`]): every chunk is decoded
-    /// once to check it (its damage is in `problems` as with `open`), then again at each
-    /// [`Thread::for_each`]; the `.dat` files' bytes are the only per-event memory.
+    /// [`Trace::open`] with streamed threads (see [`Thread`]): every chunk is read and
+    /// decoded once to check it (its damage is in `problems` as with `open`), then again
+    /// at each [`Thread::for_each`]; nothing is held per event, only where each chunk is.
     pub fn open_streaming(dir: &Path) -> Result<Trace, TraceError> {
         Trace::open_as(dir, true)
     }
@@ -517,10 +518,18 @@ impl Trace {
         for (mut p, has_dat) in processes {
             let dat = dir.join(format::task_file_name(p.pid, p.image, "dat"));
             if has_dat {
-                match std::fs::read(&dat) {
-                    Ok(bytes) => {
+                let data = if streamed {
+                    std::fs::File::open(&dat).and_then(|file| {
+                        let len = file.metadata()?.len() as usize;
+                        Ok(Dat::File { file, len })
+                    })
+                } else {
+                    std::fs::read(&dat).map(Dat::Bytes)
+                };
+                match data {
+                    Ok(data) => {
                         p.threads =
-                            read_dat(&dat, bytes, p.pid, &p.calibration, streamed, &mut problems)
+                            read_dat(&dat, data, p.pid, &p.calibration, streamed, &mut problems)
                     }
                     Err(error) => problems.push(TraceError::Io { path: dat, error }),
                 }
@@ -851,28 +860,69 @@ struct Chunk {
     payload: std::ops::Range<usize>,
 }
 
-fn header_at(bytes: &[u8], pos: usize) -> Option<Result<ChunkHeader, format::FormatError>> {
-    let b: &[u8; CHUNK_HEADER_SIZE] = bytes
-        .get(pos..pos.checked_add(CHUNK_HEADER_SIZE)?)?
-        .try_into()
-        .ok()?;
-    Some(ChunkHeader::decode(b))
+/// A `.dat` file: read whole ([`Trace::open`]), or read where needed
+/// ([`Trace::open_streaming`]: positioned reads, nothing held).
+pub(crate) enum Dat {
+    Bytes(Vec<u8>),
+    /// The file and its length when it was opened (a file still being written is read
+    /// up to there).
+    File { file: std::fs::File, len: usize },
 }
 
-/// The next offset after `from` where a valid chunk header starts.
-fn resync(bytes: &[u8], from: usize) -> Option<usize> {
-    let mut pos = from;
-    while pos < bytes.len() {
-        let rel = bytes[pos..]
-            .windows(CHUNK_MAGIC.len())
-            .position(|w| w == CHUNK_MAGIC)?;
-        let at = pos + rel;
-        if let Some(Ok(_)) = header_at(bytes, at) {
-            return Some(at);
+impl Dat {
+    fn len(&self) -> usize {
+        match self {
+            Dat::Bytes(b) => b.len(),
+            Dat::File { len, .. } => *len,
         }
-        pos = at + 1;
     }
-    None
+
+    /// The bytes of `range` (within [`Dat::len`]): borrowed, or read into `buf`.
+    fn get<'a>(&'a self, range: std::ops::Range<usize>, buf: &'a mut Vec<u8>) -> std::io::Result<&'a [u8]> {
+        match self {
+            Dat::Bytes(b) => Ok(&b[range]),
+            Dat::File { file, .. } => {
+                use std::os::unix::fs::FileExt;
+                buf.clear();
+                buf.resize(range.len(), 0);
+                file.read_exact_at(buf, range.start as u64)?;
+                Ok(buf)
+            }
+        }
+    }
+}
+
+/// The chunk header at `pos`; `None` when fewer than its bytes are left.
+fn header_at(dat: &Dat, pos: usize) -> std::io::Result<Option<Result<ChunkHeader, format::FormatError>>> {
+    let Some(end) = pos.checked_add(CHUNK_HEADER_SIZE).filter(|&e| e <= dat.len()) else {
+        return Ok(None);
+    };
+    let mut buf = Vec::new();
+    let b: &[u8; CHUNK_HEADER_SIZE] = dat.get(pos..end, &mut buf)?.try_into().expect("a header's bytes");
+    Ok(Some(ChunkHeader::decode(b)))
+}
+
+/// The next offset after `from` where a valid chunk header starts, looked for a block
+/// at a time.
+fn resync(dat: &Dat, from: usize) -> std::io::Result<Option<usize>> {
+    const BLOCK: usize = 1 << 16;
+    let mut buf = Vec::new();
+    let mut pos = from;
+    while pos < dat.len() {
+        // Blocks overlap by a magic's length less one: a magic across two is found.
+        let end = dat.len().min(pos + BLOCK + CHUNK_MAGIC.len() - 1);
+        let block = dat.get(pos..end, &mut buf)?;
+        let mut i = 0;
+        while let Some(rel) = block[i..].windows(CHUNK_MAGIC.len()).position(|w| w == CHUNK_MAGIC) {
+            let at = pos + i + rel;
+            if let Some(Ok(_)) = header_at(dat, at)? {
+                return Ok(Some(at));
+            }
+            i += rel + 1;
+        }
+        pos += BLOCK;
+    }
+    Ok(None)
 }
 
 fn plural(n: usize, what: &str) -> String {
@@ -886,45 +936,74 @@ fn plural(n: usize, what: &str) -> String {
 /// Decodes a `.dat` file into threads; damage is reported in `problems`.
 fn read_dat(
     path: &Path,
-    data: Vec<u8>,
+    dat: Dat,
     pid: u32,
     cal: &Calibration,
     streamed: bool,
     problems: &mut Vec<TraceError>,
 ) -> Vec<Thread> {
-    let bytes = &data[..];
+    let chunks = match find_chunks(path, &dat, problems) {
+        Ok(chunks) => chunks,
+        Err((chunks, error)) => {
+            // A read that failed: what came before it is kept.
+            problems.push(TraceError::Io {
+                path: path.to_path_buf(),
+                error,
+            });
+            chunks
+        }
+    };
+    group_threads(path, dat, pid, chunks, cal, streamed, problems)
+}
+
+/// The chunks of a `.dat` file, in file order; damage is reported in `problems` (and
+/// skipped); a failed read ends the search with the chunks found before it.
+fn find_chunks(
+    path: &Path,
+    dat: &Dat,
+    problems: &mut Vec<TraceError>,
+) -> Result<Vec<Chunk>, (Vec<Chunk>, std::io::Error)> {
+    let len = dat.len();
     let corrupt = |offset: usize, what: String| TraceError::Corrupt {
         path: path.to_path_buf(),
         offset: offset as u64,
         what,
     };
     let mut chunks: Vec<Chunk> = Vec::new();
+    macro_rules! try_read {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Err((chunks, e)),
+            }
+        };
+    }
     let mut pos = 0usize;
-    while pos < bytes.len() {
+    while pos < len {
         let intact = plural(chunks.len(), "chunk");
-        let header = match header_at(bytes, pos) {
+        let header = match try_read!(header_at(dat, pos)) {
             None => {
                 problems.push(corrupt(
                     pos,
                     format!(
                         "truncated chunk header: {} of {CHUNK_HEADER_SIZE} bytes before the end of the file; {intact} before it intact",
-                        bytes.len() - pos
+                        len - pos
                     ),
                 ));
                 break;
             }
             Some(Err(e)) => {
                 let at = pos;
-                let what = match resync(bytes, pos + 1) {
+                let what = match try_read!(resync(dat, pos + 1)) {
                     Some(next) => {
                         pos = next;
                         format!("{e}; skipped {} bytes to the next chunk at offset {next} ({intact} before it intact)", next - at)
                     }
                     None => {
-                        pos = bytes.len();
+                        pos = len;
                         format!(
                             "{e}; the remaining {} bytes have no valid chunk ({intact} before it intact)",
-                            bytes.len() - at
+                            len - at
                         )
                     }
                 };
@@ -937,9 +1016,9 @@ fn read_dat(
         let mut end = start + header.len as usize;
         // Where reading goes on after this chunk.
         let mut next = end;
-        if end > bytes.len() {
+        if end > len {
             // Cut short, or the length is wrong: prefer a valid header inside the claimed payload.
-            match resync(bytes, start) {
+            match try_read!(resync(dat, start)) {
                 Some(at) => {
                     problems.push(corrupt(
                         pos,
@@ -948,22 +1027,22 @@ fn read_dat(
                             header.tid,
                             header.seq,
                             header.len,
-                            bytes.len() - start
+                            len - start
                         ),
                     ));
                     end = at;
                     next = at;
                 }
                 None => {
-                    next = bytes.len();
-                    let have = (bytes.len() - start) / EVENT_SIZE * EVENT_SIZE;
+                    next = len;
+                    let have = (len - start) / EVENT_SIZE * EVENT_SIZE;
                     problems.push(corrupt(
                         pos,
                         format!(
                             "chunk of tid {} seq {} truncated: {} of {} payload bytes present; its {} complete event words kept ({intact} before it intact)",
                             header.tid,
                             header.seq,
-                            bytes.len() - start,
+                            len - start,
                             header.len,
                             have / EVENT_SIZE
                         ),
@@ -979,7 +1058,7 @@ fn read_dat(
         });
         pos = next.max(pos + 1);
     }
-    group_threads(path, data, pid, chunks, cal, streamed, problems)
+    Ok(chunks)
 }
 
 /// Appends the events and losses of chunk `c` (`payload`: its bytes) to `out`.
@@ -1059,7 +1138,7 @@ fn decode_chunk(
 /// before the first event); a repeated `seq` is reported.
 fn decode_run(
     path: &Path,
-    bytes: &[u8],
+    dat: &Dat,
     run: &[Chunk],
     tid: u32,
     cal: &Calibration,
@@ -1071,6 +1150,7 @@ fn decode_run(
     // One chunk's items (a chunk's loss of the chunks before it takes the time of its
     // first event when nothing came before).
     let mut items = Vec::new();
+    let mut payload = Vec::new();
     for c in run {
         let seq = c.header.seq as u64;
         if seq < next_seq {
@@ -1083,7 +1163,20 @@ fn decode_run(
         let gap = seq.saturating_sub(next_seq);
         next_seq = next_seq.max(seq + 1);
         items.clear();
-        decode_chunk(path, c, &bytes[c.payload.clone()], cal, &mut items, problems);
+        match dat.get(c.payload.clone(), &mut payload) {
+            Ok(bytes) => decode_chunk(path, c, bytes, cal, &mut items, problems),
+            Err(error) => {
+                // (The file changed since it was opened.)
+                problems.push(TraceError::Io {
+                    path: path.to_path_buf(),
+                    error,
+                });
+                items.push(Item::Loss {
+                    ns: last_ns.unwrap_or(0),
+                    what: Lost::Damaged(c.payload.len() as u64),
+                });
+            }
+        }
         if gap > 0 {
             let ns = last_ns.unwrap_or_else(|| {
                 items
@@ -1113,7 +1206,7 @@ fn decode_run(
 /// thread.
 fn group_threads(
     path: &Path,
-    data: Vec<u8>,
+    dat: Dat,
     pid: u32,
     chunks: Vec<Chunk>,
     cal: &Calibration,
@@ -1137,7 +1230,7 @@ fn group_threads(
             run.push(c);
         }
     }
-    let bytes = std::sync::Arc::new(data);
+    let dat = std::sync::Arc::new(dat);
     let shared_path = std::sync::Arc::new(path.to_path_buf());
     let mut threads = Vec::new();
     for (tid, runs) in by_tid {
@@ -1148,14 +1241,14 @@ fn group_threads(
                 exited: run.iter().any(|c| c.header.is_last()),
                 ..Default::default()
             };
-            if !streamed {
+            if let Dat::Bytes(bytes) = &*dat {
                 // Room for exactly its events (a LEAF is two).
                 t.events.reserve_exact(
                     run.iter().map(|c| format::count_events(&bytes[c.payload.clone()]) as usize).sum(),
                 );
             }
             let mut span: Option<(u64, u64)> = None;
-            decode_run(path, &bytes, &run, tid, cal, problems, &mut |i| {
+            decode_run(path, &dat, &run, tid, cal, problems, &mut |i| {
                 match i {
                     Item::Event(e) => {
                         span = Some((span.map_or(e.ns, |s| s.0), e.ns));
@@ -1178,7 +1271,7 @@ fn group_threads(
             if streamed {
                 t.stored = Some(Stored {
                     path: shared_path.clone(),
-                    bytes: bytes.clone(),
+                    dat: dat.clone(),
                     run,
                     cal: *cal,
                     span,
@@ -1190,4 +1283,46 @@ fn group_threads(
     // The main thread first, then by first event time.
     threads.sort_by_key(|t| (t.tid != pid, t.span().map_or(u64::MAX, |s| s.0), t.tid));
     threads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`resync`] over the whole bytes at once: the model of the block-wise search.
+    fn resync_whole(bytes: &[u8], from: usize) -> Option<usize> {
+        (from..bytes.len().saturating_sub(CHUNK_HEADER_SIZE - 1))
+            .find(|&at| bytes[at..at + CHUNK_HEADER_SIZE].try_into().is_ok_and(|b| ChunkHeader::decode(b).is_ok()))
+    }
+
+    /// Valid headers and bare magics (bad headers) around the search's block edges,
+    /// one header across an edge: read from a file block by block, the search finds
+    /// what a search of the whole bytes finds, from every start.
+    #[test]
+    fn the_block_wise_search_finds_what_the_whole_bytes_hold() {
+        const BLOCK: usize = 1 << 16;
+        let mut bytes: Vec<u8> = (0..3 * BLOCK + 500).map(|i| (i * 7 + i / 251) as u8).collect();
+        let header = ChunkHeader { tid: 9, seq: 1, len: 8, ..Default::default() }.encode();
+        for at in [BLOCK - 2, 2 * BLOCK - 40, 3 * BLOCK + 100] {
+            bytes[at..at + CHUNK_HEADER_SIZE].copy_from_slice(&header);
+        }
+        for at in [100, BLOCK + 40, 2 * BLOCK - 2, 3 * BLOCK + 480] {
+            bytes[at..at + 4].copy_from_slice(&CHUNK_MAGIC);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.dat");
+        std::fs::write(&path, &bytes).unwrap();
+        let file = Dat::File { file: std::fs::File::open(&path).unwrap(), len: bytes.len() };
+        let mem = Dat::Bytes(bytes.clone());
+        let mut found = Vec::new();
+        for from in (0..bytes.len()).step_by(1999).chain([BLOCK - 3, BLOCK - 2, BLOCK - 1, BLOCK + 40, 2 * BLOCK - 40, 2 * BLOCK - 3, 3 * BLOCK + 100, 3 * BLOCK + 101]) {
+            let want = resync_whole(&bytes, from);
+            assert_eq!(resync(&file, from).unwrap(), want, "from {from}");
+            assert_eq!(resync(&mem, from).unwrap(), want, "from {from}");
+            found.extend(want);
+        }
+        found.sort();
+        found.dedup();
+        assert_eq!(found, vec![BLOCK - 2, 2 * BLOCK - 40, 3 * BLOCK + 100]);
+    }
 }
