@@ -519,9 +519,9 @@ impl Trace {
             let dat = dir.join(format::task_file_name(p.pid, p.image, "dat"));
             if has_dat {
                 let data = if streamed {
-                    std::fs::File::open(&dat).and_then(|file| {
-                        let len = file.metadata()?.len() as usize;
-                        Ok(Dat::File { file, len })
+                    std::fs::metadata(&dat).map(|m| Dat::File {
+                        path: dat.clone(),
+                        len: m.len() as usize,
                     })
                 } else {
                     std::fs::read(&dat).map(Dat::Bytes)
@@ -861,27 +861,48 @@ struct Chunk {
 }
 
 /// A `.dat` file: read whole ([`Trace::open`]), or read where needed
-/// ([`Trace::open_streaming`]: positioned reads, nothing held).
+/// ([`Trace::open_streaming`]: positioned reads, nothing held). A streamed file is
+/// opened for each pass over it, not held open: a trace of thousands of processes would
+/// otherwise take as many file descriptors.
 pub(crate) enum Dat {
     Bytes(Vec<u8>),
-    /// The file and its length when it was opened (a file still being written is read
-    /// up to there).
-    File { file: std::fs::File, len: usize },
+    /// The file and its length when the trace was opened (a file still being written is
+    /// read up to there).
+    File { path: PathBuf, len: usize },
 }
 
 impl Dat {
+    /// Opens the file for a pass.
+    fn reader(&self) -> std::io::Result<DatReader<'_>> {
+        Ok(match self {
+            Dat::Bytes(b) => DatReader::Bytes(b),
+            Dat::File { path, len } => DatReader::File {
+                file: std::fs::File::open(path)?,
+                len: *len,
+            },
+        })
+    }
+}
+
+/// A [`Dat`] open for a pass.
+enum DatReader<'a> {
+    Bytes(&'a [u8]),
+    File { file: std::fs::File, len: usize },
+}
+
+impl DatReader<'_> {
     fn len(&self) -> usize {
         match self {
-            Dat::Bytes(b) => b.len(),
-            Dat::File { len, .. } => *len,
+            DatReader::Bytes(b) => b.len(),
+            DatReader::File { len, .. } => *len,
         }
     }
 
-    /// The bytes of `range` (within [`Dat::len`]): borrowed, or read into `buf`.
+    /// The bytes of `range` (within [`DatReader::len`]): borrowed, or read into `buf`.
     fn get<'a>(&'a self, range: std::ops::Range<usize>, buf: &'a mut Vec<u8>) -> std::io::Result<&'a [u8]> {
         match self {
-            Dat::Bytes(b) => Ok(&b[range]),
-            Dat::File { file, .. } => {
+            DatReader::Bytes(b) => Ok(&b[range]),
+            DatReader::File { file, .. } => {
                 use std::os::unix::fs::FileExt;
                 buf.clear();
                 buf.resize(range.len(), 0);
@@ -893,7 +914,7 @@ impl Dat {
 }
 
 /// The chunk header at `pos`; `None` when fewer than its bytes are left.
-fn header_at(dat: &Dat, pos: usize) -> std::io::Result<Option<Result<ChunkHeader, format::FormatError>>> {
+fn header_at(dat: &DatReader, pos: usize) -> std::io::Result<Option<Result<ChunkHeader, format::FormatError>>> {
     let Some(end) = pos.checked_add(CHUNK_HEADER_SIZE).filter(|&e| e <= dat.len()) else {
         return Ok(None);
     };
@@ -904,7 +925,7 @@ fn header_at(dat: &Dat, pos: usize) -> std::io::Result<Option<Result<ChunkHeader
 
 /// The next offset after `from` where a valid chunk header starts, looked for a block
 /// at a time.
-fn resync(dat: &Dat, from: usize) -> std::io::Result<Option<usize>> {
+fn resync(dat: &DatReader, from: usize) -> std::io::Result<Option<usize>> {
     const BLOCK: usize = 1 << 16;
     let mut buf = Vec::new();
     let mut pos = from;
@@ -942,7 +963,7 @@ fn read_dat(
     streamed: bool,
     problems: &mut Vec<TraceError>,
 ) -> Vec<Thread> {
-    let chunks = match find_chunks(path, &dat, problems) {
+    let chunks = match dat.reader().map_err(|e| (Vec::new(), e)).and_then(|r| find_chunks(path, &r, problems)) {
         Ok(chunks) => chunks,
         Err((chunks, error)) => {
             // A read that failed: what came before it is kept.
@@ -960,7 +981,7 @@ fn read_dat(
 /// skipped); a failed read ends the search with the chunks found before it.
 fn find_chunks(
     path: &Path,
-    dat: &Dat,
+    dat: &DatReader,
     problems: &mut Vec<TraceError>,
 ) -> Result<Vec<Chunk>, (Vec<Chunk>, std::io::Error)> {
     let len = dat.len();
@@ -1151,6 +1172,21 @@ fn decode_run(
     // first event when nothing came before).
     let mut items = Vec::new();
     let mut payload = Vec::new();
+    let dat = match dat.reader() {
+        Ok(r) => r,
+        Err(error) => {
+            // (The file is gone since the trace was opened.)
+            problems.push(TraceError::Io {
+                path: path.to_path_buf(),
+                error,
+            });
+            let skipped = run.iter().map(|c| c.payload.len() as u64).sum();
+            return f(Item::Loss {
+                ns: 0,
+                what: Lost::Damaged(skipped),
+            });
+        }
+    };
     for c in run {
         let seq = c.header.seq as u64;
         if seq < next_seq {
@@ -1312,8 +1348,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.dat");
         std::fs::write(&path, &bytes).unwrap();
-        let file = Dat::File { file: std::fs::File::open(&path).unwrap(), len: bytes.len() };
+        let file = Dat::File { path: path.clone(), len: bytes.len() };
         let mem = Dat::Bytes(bytes.clone());
+        let (file, mem) = (file.reader().unwrap(), mem.reader().unwrap());
         let mut found = Vec::new();
         for from in (0..bytes.len()).step_by(1999).chain([BLOCK - 3, BLOCK - 2, BLOCK - 1, BLOCK + 40, 2 * BLOCK - 40, 2 * BLOCK - 3, 3 * BLOCK + 100, 3 * BLOCK + 101]) {
             let want = resync_whole(&bytes, from);

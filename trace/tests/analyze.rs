@@ -733,3 +733,31 @@ fn exec_images_share_their_pid() {
         .collect();
     assert_eq!(phases, "BBEEBE");
 }
+
+/// A streamed trace holds no file open between passes: a trace of more process images
+/// than a process may have open files is read whole, and reading it leaves the count of
+/// open files as it was.
+#[test]
+fn a_streamed_trace_of_many_processes_holds_no_files_open() {
+    let dir = tempdir();
+    write_info(dir.path(), "function_graph", &["sh"]);
+    let n = 300u32;
+    for pid in 1000..1000 + n {
+        write_process_info(dir.path(), pid, 0, 1, "/bin/sh", None, "");
+        write_syms(dir.path(), pid, 0, &["main"]);
+        let c = chunk(pid, 0, format::FLAG_LAST, 0, 0, &[entry(0, 10), exit(0, 20)]);
+        std::fs::write(dat_path(dir.path(), pid, 0), c).unwrap();
+    }
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let before = fds();
+    let t = Trace::open_streaming(dir.path()).unwrap();
+    let held = fds().saturating_sub(before);
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    // (Other tests run alongside and open files: a margin well under n.)
+    assert!(held < 50, "{held} more files open after opening {n} images");
+    let mut out = Vec::new();
+    report::report(&t, &Default::default(), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let main = text.lines().find(|l| l.ends_with("  main")).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(main.split_whitespace().nth(4), Some(n.to_string().as_str()), "{n} calls of main: {text}");
+}
