@@ -337,8 +337,9 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         None => cmd.env_remove(env::BUFFERS),
     };
     use std::os::unix::process::CommandExt as _;
-    // Ctrl-C and Ctrl-\ go to the whole process group: let the program
-    // handle them, and finish the trace after it ends.  (A handler rather
+    // Ctrl-C, Ctrl-\, hang-ups and `timeout` signal the whole process
+    // group: let the program handle them, and finish the trace after it
+    // ends.  (A handler rather
     // than SIG_IGN: exec resets handlers, so the program starts with the
     // default actions.)
     catch_terminal_signals();
@@ -519,15 +520,24 @@ fn wait_for_descendants() {
     while let Reaped::One(..) = reap(0) {}
 }
 
-/// While the program runs: SIGINT and SIGQUIT do nothing to `ftramp record`
-/// itself (the program, in the same process group, gets them too).  Where
-/// they are ignored already (a job started with `&` by a shell without job
-/// control, `trap '' INT`), they stay ignored: the program inherits that
-/// across exec, as it would untraced (a handler would reset to the default
-/// action there, and Ctrl-C would then end a program meant to ignore it).
+/// While the program runs: SIGINT, SIGQUIT, SIGTERM and SIGHUP do nothing
+/// to `ftramp record` itself.  They are the signals sent to a whole process
+/// group — Ctrl-C and Ctrl-\\, a hang-up, `timeout`, `kill -TERM -PGID`,
+/// a service manager stopping a control group — so the program, in the
+/// same group, gets them too, handles them as it would untraced, and
+/// `ftramp record` waits for it to end and finishes the trace.  (Before,
+/// SIGTERM and SIGHUP ended `ftramp record` at once: `timeout` returned
+/// while the program was still cleaning up, with the program's status
+/// lost and the trace unfinished.)  They are not passed on to the program:
+/// a signal sent to a group reaches it already, and twice would not be as
+/// untraced.  Where they are ignored already (a job started with `&` by a
+/// shell without job control, `trap '' INT`), they stay ignored: the
+/// program inherits that across exec, as it would untraced (a handler
+/// would reset to the default action there, and Ctrl-C would then end a
+/// program meant to ignore it).
 fn catch_terminal_signals() {
     extern "C" fn ignore(_: libc::c_int) {}
-    for sig in [libc::SIGINT, libc::SIGQUIT] {
+    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: queries, then (unless ignored) installs an
         // async-signal-safe handler that does nothing.
         unsafe {

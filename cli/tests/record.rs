@@ -522,6 +522,41 @@ fn ignored_terminal_signals_stay_ignored_in_the_program() {
     }
 }
 
+/// SIGTERM and SIGHUP sent to the process group (`timeout`, `kill -TERM
+/// -PGID`, a hang-up) reach the program, which handles them as untraced;
+/// `ftramp record` waits for it, exits with its status and finishes the
+/// trace.  Before, they ended `ftramp record` at once: the caller saw it
+/// killed by the signal while the program was still cleaning up, and the
+/// trace had no `[calibration]`.
+#[test]
+fn a_terminating_signal_to_the_process_group_lets_the_program_finish() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    for (sig, name) in [(libc::SIGTERM, "TERM"), (libc::SIGHUP, "HUP")] {
+        let d = dir(&format!("group-{name}"));
+        let work = dir(&format!("group-{name}-work"));
+        std::fs::create_dir_all(&work).unwrap();
+        let (ready, cleaned) = (work.join("ready"), work.join("cleaned"));
+        let script = format!(
+            "trap 'sleep 0.3; echo done > {}; exit 3' {name}; echo > {}; while :; do sleep 0.02; done",
+            cleaned.display(),
+            ready.display()
+        );
+        let mut child = ftramp().arg("record").arg("-o").arg(&d).args(["--", "/bin/sh", "-c", &script]).process_group(0).spawn().unwrap();
+        let t0 = std::time::Instant::now();
+        while !ready.exists() {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{name}: the program did not start");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: kill with the group of the child we spawned.
+        assert_eq!(unsafe { libc::kill(-(child.id() as i32), sig) }, 0);
+        let st = child.wait().unwrap();
+        assert_eq!((st.code(), st.signal()), (Some(3), None), "{name}: the program's status");
+        assert!(cleaned.exists(), "{name}: the program finished its cleanup before ftramp record returned");
+        let info = std::fs::read_to_string(d.join("info")).unwrap();
+        assert!(info.contains("[calibration]"), "{name}: the trace was finished: {info}");
+    }
+}
+
 /// As the subreaper, `ftramp record` reaps the processes the program
 /// orphans while it runs (a first version waited for the program alone,
 /// and the orphans that ended stayed zombies until it ended: a long-running
