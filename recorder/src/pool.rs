@@ -62,6 +62,9 @@ static TICKET: AtomicU64 = AtomicU64::new(1);
 static STOPPED: AtomicBool = AtomicBool::new(false);
 /// Events lost outside any slot (no slot free, or a thread already torn down).
 static LOST_UNSLOTTED: AtomicU64 = AtomicU64::new(0);
+/// Events of threads still running after the final flush (the process is
+/// ending): not written, and not for want of buffers, so counted apart.
+static LOST_AFTER_FLUSH: AtomicU64 = AtomicU64::new(0);
 
 impl Pool {
     /// Maps `n` buffers of `size` bytes (header included) and publishes the pool.
@@ -183,6 +186,7 @@ impl Pool {
         // cleared above; those of its exited threads are here).
         LOST_UNSLOTTED.store(0, Relaxed);
         RETIRED_LOST.store(0, Relaxed);
+        LOST_AFTER_FLUSH.store(0, Relaxed);
         if let Some(slot) = keep {
             let b = slot.buf.load(Relaxed);
             slot.clear();
@@ -672,6 +676,12 @@ pub fn lose(n: u64) {
 #[inline(never)]
 fn emit_slow(local: &Local, base: u64, now: u64) {
     let Some(pool) = Pool::get() else { return };
+    if STOPPED.load(Acquire) {
+        // After the final flush (the fast paths fail on the closed slots'
+        // zero room and come here): nothing is written any more.
+        LOST_AFTER_FLUSH.fetch_add(1, Relaxed);
+        return;
+    }
     let p = local.cur.get();
     let slot = if p.is_null() {
         match claim_slot(local) {
@@ -847,7 +857,14 @@ pub fn reopen() {
     }
 }
 
-/// All events lost so far (live and exited threads).
+/// Events of threads still running after the final flush, not written
+/// (not in [`lost_total`]).
+pub fn lost_after_flush() -> u64 {
+    LOST_AFTER_FLUSH.load(Relaxed)
+}
+
+/// All events lost so far (live and exited threads) for want of buffers
+/// or slots.
 pub fn lost_total() -> u64 {
     SLOTS
         .iter()

@@ -734,12 +734,15 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     // (fgraph counts for the process's life: an image forked from another
     // counts from the fork, see `fork_child`.)
     let (dropped, missed) = (pool::lost_total(), fgraph::misses().wrapping_sub(MISSES_AT_FORK.load(Relaxed)));
+    // And events of threads still running while the process ends, after
+    // the flush above: read again below, when they have had time to come.
+    let late_at_flush = pool::lost_after_flush();
     // And calls made while this thread was inside fgraph or the recorder
     // (a signal handler interrupting a callback): fgraph's recursion guard
     // leaves them untraced.
     let nested = fgraph::recursion_misses().wrapping_sub(RECURSION_MISSES_AT_FORK.load(Relaxed));
     // And events whose chunk could not be written (reported below).
-    let lost = dropped + 2 * missed + 2 * nested + tracefile::failed_events();
+    let lost = dropped + late_at_flush + 2 * missed + 2 * nested + tracefile::failed_events();
     if let Ending::Exec = ending {
         if let Some(size) = INFO.size() {
             INFO_LEN_BEFORE_EXEC.store(size, Relaxed);
@@ -764,6 +767,15 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
         let _ = writeln!(
             m,
             "ftramp record: pid {pid}: {dropped} events lost (buffers full); try a larger --buffer-size or --buffers"
+        );
+        pool::write_all(2, m.bytes());
+    }
+    if late_at_flush > 0 && !matches!(ending, Ending::Exec) {
+        let mut m = StackBuf::new();
+        let _ = writeln!(
+            m,
+            "ftramp record: pid {pid}: at least {late_at_flush} events not written: other threads went on calling traced \
+             functions after the process's final flush, while it was ending"
         );
         pool::write_all(2, m.bytes());
     }
