@@ -154,9 +154,45 @@ impl Pool {
         best.map(|(_, i)| i)
     }
 
+    /// Whether a FULL buffer of thread `tid` waits to be written.  (Under
+    /// the [`IoLock`], as [`Pool::write_one`]: only its holder frees a FULL
+    /// buffer, so the header read stays the sealed one.)
+    fn has_full_of(&self, tid: u32) -> bool {
+        self.states.iter().enumerate().any(|(i, s)| {
+            s.load(Acquire) & 3 == FULL
+                && self.bytes(i, CHUNK_HEADER_SIZE).try_into().is_ok_and(|h| ChunkHeader::decode(h).is_ok_and(|h| h.tid == tid))
+        })
+    }
+
+    /// Writes the queued tombstones of threads whose other chunks are
+    /// written: after them in the file, as the reader expects a thread's
+    /// last chunk (it takes a seq 0 after a LAST for a new thread of a
+    /// reused tid).
+    fn write_tombstones(&self, out: &TraceFile) {
+        for t in TOMBS.iter().filter(|t| t.state.load(Acquire) == 2) {
+            let tid = t.tid.load(Relaxed);
+            if self.has_full_of(tid) {
+                continue;
+            }
+            let lost = t.lost.load(Relaxed);
+            let h = ChunkHeader {
+                flags: ftramp_trace::format::FLAG_LAST,
+                tid,
+                seq: t.seq.load(Relaxed),
+                len: 0,
+                lost: lost.min(u32::MAX as u64) as u32,
+                time: t.time.load(Relaxed),
+            }
+            .encode();
+            out.write_chunk(&h);
+            t.state.store(0, Release);
+        }
+    }
+
     /// Writes the oldest FULL buffer to `out` and frees it; false when
     /// none is FULL.  The caller holds the [`IoLock`].
     pub fn write_one(&self, out: &TraceFile) -> bool {
+        self.write_tombstones(out);
         let Some(i) = self.oldest_full() else {
             return false;
         };
@@ -187,6 +223,9 @@ impl Pool {
         LOST_UNSLOTTED.store(0, Relaxed);
         RETIRED_LOST.store(0, Relaxed);
         LOST_AFTER_FLUSH.store(0, Relaxed);
+        for t in TOMBS.iter() {
+            t.state.store(0, Relaxed);
+        }
         if let Some(slot) = keep {
             let b = slot.buf.load(Relaxed);
             slot.clear();
@@ -542,13 +581,14 @@ extern "C" fn release_slot_at_exit() {
         .is_ok()
     {
         if let Some(pool) = Pool::get() {
-            if slot.buf.load(Relaxed) == NO_BUF
-                && slot.lost_pending.load(Relaxed) > 0
-                && !STOPPED.load(Relaxed)
-            {
-                // An empty last chunk carries the losses.
-                if let Some(i) = pool.acquire() {
-                    slot.take(pool, i, ftramp_runtime::clock::ticks());
+            if slot.buf.load(Relaxed) == NO_BUF && !STOPPED.load(Relaxed) {
+                // An empty last chunk marks the end and carries the losses;
+                // with no buffer free, a tombstone.
+                match pool.acquire() {
+                    Some(i) => slot.take(pool, i, ftramp_runtime::clock::ticks()),
+                    None => {
+                        bury(slot);
+                    }
                 }
             }
             slot.hand_off(pool, ftramp_trace::format::FLAG_LAST);
@@ -562,6 +602,39 @@ extern "C" fn release_slot_at_exit() {
 
 /// Lost events of threads that exited.
 static RETIRED_LOST: AtomicU64 = AtomicU64::new(0);
+
+/// The last chunk of a thread that exited with no buffer (the pool was
+/// empty): a header without events, written by the writer with the next
+/// buffers, so that the trace still shows the thread's end and where its
+/// last losses were.  `state`: 0 free, 1 being filled, 2 ready.
+struct Tombstone {
+    state: AtomicU32,
+    tid: AtomicU32,
+    seq: AtomicU32,
+    lost: AtomicU64,
+    time: AtomicU64,
+}
+
+const TOMBSTONES: usize = 64;
+static TOMBS: [Tombstone; TOMBSTONES] = [const {
+    Tombstone { state: AtomicU32::new(0), tid: AtomicU32::new(0), seq: AtomicU32::new(0), lost: AtomicU64::new(0), time: AtomicU64::new(0) }
+}; TOMBSTONES];
+
+/// Queues `slot`'s last chunk, without events, for the writer; false when
+/// every tombstone is taken (the thread's end then goes unmarked, its
+/// losses only counted).
+fn bury(slot: &Slot) -> bool {
+    let Some(t) = TOMBS.iter().find(|t| t.state.compare_exchange(0, 1, Acquire, Relaxed).is_ok()) else {
+        return false;
+    };
+    t.tid.store(slot.tid.load(Relaxed), Relaxed);
+    t.seq.store(slot.seq.fetch_add(1, Relaxed), Relaxed);
+    t.lost.store(slot.lost_pending.swap(0, Relaxed), Relaxed);
+    t.time.store(slot.prev.load(Relaxed), Relaxed);
+    t.state.store(2, Release);
+    true
+}
+
 
 impl Local {
     /// Appends one ENTRY/EXIT word (`base` = the word with delta 0) at `now`.

@@ -1744,6 +1744,28 @@ fn lost_events_are_counted_and_reported() {
     assert_eq!(chunk_lost, p.lost, "the chunk headers carry every loss");
 }
 
+/// Threads that exit while the pool has no buffer free still mark their
+/// end and place their last losses: an empty last chunk, queued for the
+/// writer (a tombstone).  Before, with two 4 KiB buffers for five threads,
+/// the workers had no LAST chunk and part of the losses were only in the
+/// total.
+#[test]
+fn threads_ending_without_a_buffer_mark_their_end_and_losses() {
+    let b = built();
+    for round in 0..3 {
+        let dir = trace_dir(&format!("lost-threads-{round}"), "function_graph");
+        let out = record(&dir, &b.tracee, &["threads"], &[("FTRAMP_BUFFER_SIZE", "4K"), ("FTRAMP_BUFFERS", "2")]);
+        assert!(out.status.success(), "{out:?}");
+        let p = &open(&dir).processes[0];
+        assert!(p.lost > 0, "round {round}: five threads through two 4K buffers lose events");
+        let workers: Vec<(u32, bool)> = p.threads.iter().filter(|t| t.tid != p.pid).map(|t| (t.tid, t.exited)).collect();
+        assert_eq!(workers.len(), 4, "round {round}: {workers:?}");
+        assert!(workers.iter().all(|&(_, exited)| exited), "round {round}: every worker's end is in the trace: {workers:?}");
+        let placed: u64 = p.threads.iter().map(|t| t.lost).sum();
+        assert_eq!(placed, p.lost, "round {round}: every loss is at its place in a thread");
+    }
+}
+
 #[test]
 fn program_without_sites_runs_and_gets_advice() {
     let b = built();
