@@ -339,9 +339,8 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     use std::os::unix::process::CommandExt as _;
     // Ctrl-C, Ctrl-\, hang-ups and `timeout` signal the whole process
     // group: let the program handle them, and finish the trace after it
-    // ends.  (A handler rather
-    // than SIG_IGN: exec resets handlers, so the program starts with the
-    // default actions.)
+    // ends.  (A handler rather than SIG_IGN: exec resets handlers, so the
+    // program starts with the default actions.)
     catch_terminal_signals();
     // Processes the program leaves running (a background job, a daemon)
     // become ours when their parent ends, so that we can wait for them.

@@ -174,16 +174,7 @@ impl Pool {
             if self.has_full_of(tid) {
                 continue;
             }
-            let lost = t.lost.load(Relaxed);
-            let h = ChunkHeader {
-                flags: ftramp_trace::format::FLAG_LAST,
-                tid,
-                seq: t.seq.load(Relaxed),
-                len: 0,
-                lost: lost.min(u32::MAX as u64) as u32,
-                time: t.time.load(Relaxed),
-            }
-            .encode();
+            let h = empty_chunk(ftramp_trace::format::FLAG_LAST, tid, t.seq.load(Relaxed), t.lost.load(Relaxed), t.time.load(Relaxed));
             out.write_chunk(&h);
             t.state.store(0, Release);
         }
@@ -586,9 +577,7 @@ extern "C" fn release_slot_at_exit() {
                 // with no buffer free, a tombstone.
                 match pool.acquire() {
                     Some(i) => slot.take(pool, i, ftramp_runtime::clock::ticks()),
-                    None => {
-                        bury(slot);
-                    }
+                    None => bury(slot),
                 }
             }
             slot.hand_off(pool, ftramp_trace::format::FLAG_LAST);
@@ -620,21 +609,25 @@ static TOMBS: [Tombstone; TOMBSTONES] = [const {
     Tombstone { state: AtomicU32::new(0), tid: AtomicU32::new(0), seq: AtomicU32::new(0), lost: AtomicU64::new(0), time: AtomicU64::new(0) }
 }; TOMBSTONES];
 
-/// Queues `slot`'s last chunk, without events, for the writer; false when
-/// every tombstone is taken (the thread's end then goes unmarked, its
-/// losses only counted).
-fn bury(slot: &Slot) -> bool {
+/// Queues `slot`'s last chunk, without events, for the writer.  With every
+/// tombstone taken, the thread's end goes unmarked and its last losses are
+/// only in the total.
+fn bury(slot: &Slot) {
     let Some(t) = TOMBS.iter().find(|t| t.state.compare_exchange(0, 1, Acquire, Relaxed).is_ok()) else {
-        return false;
+        return;
     };
     t.tid.store(slot.tid.load(Relaxed), Relaxed);
     t.seq.store(slot.seq.fetch_add(1, Relaxed), Relaxed);
     t.lost.store(slot.lost_pending.swap(0, Relaxed), Relaxed);
     t.time.store(slot.prev.load(Relaxed), Relaxed);
     t.state.store(2, Release);
-    true
 }
 
+/// The header of a chunk without events: a thread's losses (and, with
+/// `FLAG_LAST`, its end) when it has no buffer to carry them.
+fn empty_chunk(flags: u16, tid: u32, seq: u32, lost: u64, time: u64) -> [u8; CHUNK_HEADER_SIZE] {
+    ChunkHeader { flags, tid, seq, len: 0, lost: lost.min(u32::MAX as u64) as u32, time }.encode()
+}
 
 impl Local {
     /// Appends one ENTRY/EXIT word (`base` = the word with delta 0) at `now`.
@@ -895,16 +888,8 @@ pub fn flush_all(out: &TraceFile) {
             // No buffer (it ran out): a header-only chunk carries its losses.
             let lost = slot.lost_pending.swap(0, Relaxed);
             if lost > 0 {
-                let h = ChunkHeader {
-                    flags: ftramp_trace::format::FLAG_FLUSH,
-                    tid: slot.tid.load(Relaxed),
-                    seq: slot.seq.fetch_add(1, Relaxed),
-                    len: 0,
-                    lost: lost.min(u32::MAX as u64) as u32,
-                    time: slot.prev.load(Relaxed),
-                }
-                .encode();
-                out.write_chunk(&h);
+                let seq = slot.seq.fetch_add(1, Relaxed);
+                out.write_chunk(&empty_chunk(ftramp_trace::format::FLAG_FLUSH, slot.tid.load(Relaxed), seq, lost, slot.prev.load(Relaxed)));
             }
         }
         if let Some(b) = slot.seal(pool, ftramp_trace::format::FLAG_FLUSH) {

@@ -624,35 +624,44 @@ impl std::fmt::Write for StackBuf {
     }
 }
 
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGILL => "SIGILL",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGINT => "SIGINT",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGXCPU => "SIGXCPU",
-        libc::SIGXFSZ => "SIGXFSZ",
-        libc::SIGSYS => "SIGSYS",
-        libc::SIGVTALRM => "SIGVTALRM",
-        libc::SIGPROF => "SIGPROF",
-        libc::SIGTRAP => "SIGTRAP",
-        SIGSTKFLT => "SIGSTKFLT",
-        SIGPWR => "SIGPWR",
-        s if s >= libc::SIGRTMIN() => {
-            const RT: [&str; 33] = ["SIGRTMIN", "SIGRTMIN+1", "SIGRTMIN+2", "SIGRTMIN+3", "SIGRTMIN+4", "SIGRTMIN+5", "SIGRTMIN+6", "SIGRTMIN+7", "SIGRTMIN+8", "SIGRTMIN+9", "SIGRTMIN+10", "SIGRTMIN+11", "SIGRTMIN+12", "SIGRTMIN+13", "SIGRTMIN+14", "SIGRTMIN+15", "SIGRTMIN+16", "SIGRTMIN+17", "SIGRTMIN+18", "SIGRTMIN+19", "SIGRTMIN+20", "SIGRTMIN+21", "SIGRTMIN+22", "SIGRTMIN+23", "SIGRTMIN+24", "SIGRTMIN+25", "SIGRTMIN+26", "SIGRTMIN+27", "SIGRTMIN+28", "SIGRTMIN+29", "SIGRTMIN+30", "SIGRTMIN+31", "SIGRTMIN+32"];
-            RT.get((s - libc::SIGRTMIN()) as usize).copied().unwrap_or("signal")
-        }
-        _ => "signal",
+/// The name of signal `.0` (`SIGRTMIN+3` for a real-time one), written
+/// without allocating (signal handlers write it).
+struct SignalName(i32);
+
+impl std::fmt::Display for SignalName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self.0 {
+            libc::SIGSEGV => "SIGSEGV",
+            libc::SIGBUS => "SIGBUS",
+            libc::SIGILL => "SIGILL",
+            libc::SIGFPE => "SIGFPE",
+            libc::SIGABRT => "SIGABRT",
+            libc::SIGINT => "SIGINT",
+            libc::SIGTERM => "SIGTERM",
+            libc::SIGHUP => "SIGHUP",
+            libc::SIGKILL => "SIGKILL",
+            libc::SIGPIPE => "SIGPIPE",
+            libc::SIGQUIT => "SIGQUIT",
+            libc::SIGALRM => "SIGALRM",
+            libc::SIGUSR1 => "SIGUSR1",
+            libc::SIGUSR2 => "SIGUSR2",
+            libc::SIGXCPU => "SIGXCPU",
+            libc::SIGXFSZ => "SIGXFSZ",
+            libc::SIGSYS => "SIGSYS",
+            libc::SIGVTALRM => "SIGVTALRM",
+            libc::SIGPROF => "SIGPROF",
+            libc::SIGTRAP => "SIGTRAP",
+            SIGSTKFLT => "SIGSTKFLT",
+            SIGPWR => "SIGPWR",
+            s if (libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&s) => {
+                return match s - libc::SIGRTMIN() {
+                    0 => f.write_str("SIGRTMIN"),
+                    n => write!(f, "SIGRTMIN+{n}"),
+                };
+            }
+            _ => "signal",
+        };
+        f.write_str(name)
     }
 }
 
@@ -707,7 +716,7 @@ static DEFERRED_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::Atomic
 /// Async-signal-safe.
 fn end_by(sig: i32) -> ! {
     let mut b = StackBuf::new();
-    let _ = writeln!(b, "exit = \"signal {sig} ({})\"", signal_name(sig));
+    let _ = writeln!(b, "exit = \"signal {sig} ({})\"", SignalName(sig));
     let at = EXIT_LINE_AT.load(SeqCst);
     if at != 0 {
         INFO.truncate(at);
@@ -735,7 +744,8 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     // counts from the fork, see `fork_child`.)
     let (dropped, missed) = (pool::lost_total(), fgraph::misses().wrapping_sub(MISSES_AT_FORK.load(Relaxed)));
     // And events of threads still running while the process ends, after
-    // the flush above: read again below, when they have had time to come.
+    // the flush above: those until now (they go on until the process is
+    // gone, hence "at least" below).
     let late_at_flush = pool::lost_after_flush();
     // And calls made while this thread was inside fgraph or the recorder
     // (a signal handler interrupting a callback): fgraph's recursion guard
@@ -753,7 +763,7 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     let exit_at = INFO.size().map_or(0, |size| size + b.bytes().len() as u64);
     let _ = match ending {
         Ending::Code(c) => writeln!(b, "exit = \"code {c}\""),
-        Ending::Signal(s) => writeln!(b, "exit = \"signal {s} ({})\"", signal_name(s)),
+        Ending::Signal(s) => writeln!(b, "exit = \"signal {s} ({})\"", SignalName(s)),
         Ending::Exec => writeln!(b, "exit = \"exec\""),
     };
     INFO.write_all(b.bytes());

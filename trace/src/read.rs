@@ -1,5 +1,5 @@
 //! Reading a trace directory (see [`crate::format`]): decoded into memory
-//! ([`Trace::open`]), or streamed, each thread decoded from its `.dat` bytes at each pass
+//! ([`Trace::open`]), or streamed, each thread read and decoded from its `.dat` file at each pass
 //! ([`Trace::open_streaming`], what the commands use: no memory per event).
 //!
 //! [`Trace::open`] never panics on bad input. It fails only when nothing is readable
@@ -528,8 +528,7 @@ impl Trace {
                 };
                 match data {
                     Ok(data) => {
-                        p.threads =
-                            read_dat(&dat, data, p.pid, &p.calibration, streamed, &mut problems)
+                        p.threads = read_dat(&dat, data, p.pid, &p.calibration, &mut problems)
                     }
                     Err(error) => problems.push(TraceError::Io { path: dat, error }),
                 }
@@ -960,7 +959,6 @@ fn read_dat(
     dat: Dat,
     pid: u32,
     cal: &Calibration,
-    streamed: bool,
     problems: &mut Vec<TraceError>,
 ) -> Vec<Thread> {
     let chunks = match dat.reader().map_err(|e| (Vec::new(), e)).and_then(|r| find_chunks(path, &r, problems)) {
@@ -974,7 +972,7 @@ fn read_dat(
             chunks
         }
     };
-    group_threads(path, dat, pid, chunks, cal, streamed, problems)
+    group_threads(path, dat, pid, chunks, cal, problems)
 }
 
 /// The chunks of a `.dat` file, in file order; damage is reported in `problems` (and
@@ -1246,9 +1244,10 @@ fn group_threads(
     pid: u32,
     chunks: Vec<Chunk>,
     cal: &Calibration,
-    streamed: bool,
     problems: &mut Vec<TraceError>,
 ) -> Vec<Thread> {
+    // A file read where needed gives streamed threads.
+    let streamed = matches!(dat, Dat::File { .. });
     // tid → runs of chunks (one run per incarnation of the tid).
     let mut by_tid: BTreeMap<u32, Vec<Vec<Chunk>>> = BTreeMap::new();
     for c in chunks {
