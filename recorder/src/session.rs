@@ -294,6 +294,9 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
         toml_u64(c.base_ticks),
         toml_u64(c.base_ns)
     );
+    // When the image began, on the trace clock: readers list processes in
+    // the order they started, which pid order is not once pids wrap.
+    let _ = writeln!(text, "start_ticks = {}", toml_u64(clock::ticks()));
     for (file, (fd, path)) in [(&INFO, info), (&SYM, sym), (&DAT, dat)] {
         file.install(fd, &path);
     }

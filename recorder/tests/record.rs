@@ -1550,6 +1550,12 @@ fn forks_that_follow_a_dlopen_do_not_hang() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("hung 0\n") && !stdout.contains("child_failed"), "{stdout}");
     let t = open(&dir);
+    // The parent first, whatever the pids (they wrapped during a CI run,
+    // and a child came first when the processes were in pid order).
+    let parent = (t.processes[0].pid, 0);
+    assert_eq!(t.processes[0].forked_from, None);
+    assert!(t.processes[1..].iter().all(|p| p.forked_from == Some(parent)));
+    assert!(t.processes.windows(2).all(|w| w[0].start_ns.is_some() && w[0].start_ns <= w[1].start_ns));
     let children: u64 = t.processes.iter().skip(1).map(|p| count(&per_function(p), "rec_child").0).sum();
     assert_eq!(children, n.parse::<u64>().unwrap(), "every child recorded its call");
 }

@@ -286,6 +286,9 @@ pub struct Process {
     pub lost: u64,
     /// Ticks → ns; [`Calibration::IDENTITY`] when unknown.
     pub calibration: Calibration,
+    /// When the image began (ns): the `.info`'s `start_ticks`, else its
+    /// first event; `None` when neither is known.
+    pub start_ns: Option<u64>,
 }
 
 impl Process {
@@ -356,7 +359,8 @@ pub fn demangle(raw: &str) -> Option<String> {
 pub struct Trace {
     pub dir: PathBuf,
     pub info: TraceInfo,
-    /// Ordered by (pid, image).
+    /// In the order the images began ([`Process::start_ns`]), then by
+    /// (pid, image); images whose start is unknown come last.
     pub processes: Vec<Process>,
     /// Everything that was wrong; the rest was read.
     pub problems: Vec<TraceError>,
@@ -516,6 +520,7 @@ impl Trace {
 
         let mut out = Vec::with_capacity(processes.len());
         for (mut p, has_dat) in processes {
+            p.start_ns = p.start_ns.map(|ticks| p.calibration.to_ns(ticks));
             let dat = dir.join(format::task_file_name(p.pid, p.image, "dat"));
             if has_dat {
                 let data = if streamed {
@@ -544,8 +549,15 @@ impl Trace {
                 .map(|t| t.lost)
                 .fold(0, u64::saturating_add);
             p.lost = p.lost.max(thread_lost);
+            if p.start_ns.is_none() {
+                p.start_ns = p.threads.iter().filter_map(|t| t.span()).map(|s| s.0).min();
+            }
             out.push(p);
         }
+        // In the order the images began (a parent before the children it
+        // forked, an image before the one its exec made), not by pid: pids
+        // wrap, and a child may have a smaller one than its parent.
+        out.sort_by_key(|p| (p.start_ns.unwrap_or(u64::MAX), p.pid, p.image));
         Ok(Trace {
             dir: dir.to_path_buf(),
             info,
@@ -774,6 +786,11 @@ fn parse_process_info(
                 None => bad(problems, k, v),
             },
             "exit" => p.exit = Some(value_str(v)),
+            // Made nanoseconds once the calibration is known.
+            "start_ticks" => match num {
+                Some(n) => p.start_ns = Some(n),
+                None => bad(problems, k, v),
+            },
             _ => {}
         }
     }

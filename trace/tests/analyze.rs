@@ -62,6 +62,62 @@ fn demo_trace_reads() {
     assert_eq!(t.start_ns(), BASE_NS);
 }
 
+/// Processes are listed in the order they began, not by pid: a fork child
+/// whose pid wrapped below its parent's comes after it, an exec's image
+/// after the image it replaced.  `start_ticks` says when; an image without
+/// it (an older trace) is placed by its first event, one with neither
+/// comes last.
+#[test]
+fn processes_are_listed_in_the_order_they_began() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["demo"]);
+    let start = |ns: u64| format!("start_ticks = {}\n", ticks(ns));
+    // (pid, image, start_ticks line, first event at)
+    let images: [(u32, u32, String, Option<u64>); 6] = [
+        (32000, 0, start(0), Some(10)),
+        (300, 0, start(1000), Some(1500)),
+        (300, 1, start(2000), None),
+        // No start_ticks: its first event places it.
+        (20, 0, String::new(), Some(1700)),
+        (10, 0, String::new(), None),
+        (31000, 0, start(3000), Some(3100)),
+    ];
+    for (pid, image, tail, first) in &images {
+        write_process_info(d, *pid, *image, 1, "/bin/demo", None, tail);
+        write_syms(d, *pid, *image, &["main"]);
+        let bytes = match first {
+            Some(ns) => chunk(*pid, 0, 0, 0, *ns, &[entry(MAIN, 0), exit(MAIN, 5)]),
+            None => Vec::new(),
+        };
+        std::fs::write(dat_path(d, *pid, *image), bytes).unwrap();
+    }
+    let t = open(d).unwrap();
+    let order: Vec<(u32, u32, Option<u64>)> = t.processes.iter().map(|p| (p.pid, p.image, p.start_ns)).collect();
+    let at = |ns| Some(BASE_NS + ns);
+    assert_eq!(
+        order,
+        [
+            (32000, 0, at(0)),
+            (300, 0, at(1000)),
+            (20, 0, at(1700)),
+            (300, 1, at(2000)),
+            (31000, 0, at(3000)),
+            (10, 0, None),
+        ]
+    );
+    // The replay follows it.
+    let text = replay_text(&t, &ReplayOptions::default());
+    let firsts: Vec<usize> = ["32000", "300", "20"].iter().map(|p| text.find(&format!("[{p:>6}]")).unwrap()).collect();
+    assert!(firsts.windows(2).all(|w| w[0] < w[1]), "{text}");
+
+    // A bad value is named, and the image is placed by its first event.
+    write_process_info(d, 31000, 0, 1, "/bin/demo", None, "start_ticks = \"soon\"\n");
+    let t = open(d).unwrap();
+    assert!(t.problems.iter().any(|p| p.to_string().contains("bad `start_ticks` value \"soon\"")), "{:?}", t.problems);
+    assert_eq!(t.processes.iter().find(|p| p.pid == 31000).unwrap().start_ns, at(3100));
+}
+
 #[test]
 fn replay_exact() {
     let dir = tempdir();

@@ -314,7 +314,7 @@ pub fn open(dir: &Path) -> Result<ftramp_trace::Trace, ftramp_trace::TraceError>
     assert_eq!(problems(d), problems(s));
     assert_eq!(d.processes.len(), s.processes.len());
     for (dp, sp) in d.processes.iter().zip(&s.processes) {
-        assert_eq!((dp.pid, dp.image, dp.lost, dp.threads.len()), (sp.pid, sp.image, sp.lost, sp.threads.len()));
+        assert_eq!((dp.pid, dp.image, dp.lost, dp.start_ns, dp.threads.len()), (sp.pid, sp.image, sp.lost, sp.start_ns, sp.threads.len()));
         for (dt, st) in dp.threads.iter().zip(&sp.threads) {
             assert!(st.events.is_empty() && st.losses.is_empty(), "a streamed thread holds no events");
             assert_eq!((dt.tid, dt.lost, dt.lost_chunks, dt.exited, dt.span()), (st.tid, st.lost, st.lost_chunks, st.exited, st.span()));
