@@ -31,6 +31,7 @@ pub mod tracefile;
 pub mod tracer;
 
 use std::ffi::{c_char, c_int};
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
 extern "C" fn constructor() {
     // No panic may cross into the loader.
@@ -40,10 +41,13 @@ extern "C" fn constructor() {
 /// Starts recording before any library's constructor runs: called by the
 /// audit module (`recorder/audit`) once the program's objects are loaded
 /// and relocated and libc's early initialisation is done, but before
-/// libc's constructor has set `environ` (so `envp`, the process's
-/// environment, is set there first: libc's constructor sets the same
-/// array again).  Without it the libraries the program links would run
-/// their constructors before this library's, with nothing patched yet.
+/// libc's constructor has set `environ`.  So the environment is set there
+/// first: `envp` if the caller passes it, else (the audit module, which
+/// has no libc, passes null) a copy read from `/proc/self/environ`, which
+/// at this point is the environment the process was started with.  libc's
+/// constructor then sets its own array.  Without it the libraries the
+/// program links would run their constructors before this library's,
+/// with nothing patched yet.
 ///
 /// # Safety
 /// Called by the audit module, single-threaded, before constructors;
@@ -57,14 +61,47 @@ pub unsafe extern "C" fn ftramp_recorder_early_start(envp: *const *const c_char)
         return;
     }
     // SAFETY: no other thread exists yet and libc has not set `environ`
-    // (null) — it will set it to this same array in its constructor.
+    // (null) — it will set it to its own array in its constructor.
     unsafe {
         if environ.is_null() {
-            environ = envp;
+            let envp = if envp.is_null() { initial_environment() } else { Some(envp) };
+            match envp {
+                Some(envp) => environ = envp,
+                // No environment to read options from: the constructor starts.
+                None => return,
+            }
         }
     }
     // No panic may cross into the loader.
     let _ = std::panic::catch_unwind(session::start);
+}
+
+/// The environment the process started with, from `/proc/self/environ`,
+/// as a NULL-terminated array of strings that lives as long as the
+/// process (`environ` may point into it until libc's constructor runs, and
+/// strings `getenv` returned meanwhile may be kept).  `None` without
+/// `/proc`.
+fn initial_environment() -> Option<*const *const c_char> {
+    let bytes = std::fs::read("/proc/self/environ").ok()?;
+    let strings: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    let mut array: Vec<*const c_char> = Vec::new();
+    let mut start = 0;
+    for (i, &b) in strings.iter().enumerate() {
+        if b == 0 {
+            array.push(strings[start..].as_ptr().cast());
+            start = i + 1;
+        }
+    }
+    // A last string without its NUL (the kernel stops at the recorded
+    // end) would be unterminated: left out.
+    array.push(std::ptr::null());
+    let array = Box::leak(array.into_boxed_slice()).as_mut_ptr();
+    // Kept reachable from a global: libc's constructor replaces `environ`,
+    // and a leak checker (LeakSanitizer in a sanitized program) would
+    // otherwise report the copy as leaked at exit.
+    static INITIAL_ENVIRONMENT: AtomicPtr<*const c_char> = AtomicPtr::new(std::ptr::null_mut());
+    INITIAL_ENVIRONMENT.store(array, Relaxed);
+    Some(array.cast_const())
 }
 
 /// Whether this glibc has done, at the audit module's call, what starting

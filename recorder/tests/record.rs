@@ -1238,6 +1238,42 @@ fn dlopened_library_is_traced() {
     check_nesting(p);
 }
 
+/// The audit module links nothing: no `DT_NEEDED` (the loader would load,
+/// relocate and initialise a libc of its own in every traced process, as
+/// it did for the `std` module until the twenty-third session: 0.4 ms of
+/// each start) and no undefined symbol but weak ones (the module would not
+/// load: built for aarch64 at first, its out-of-line atomics wanted libc's
+/// `getauxval`, and recording began after the constructors again).
+#[test]
+fn the_audit_module_links_nothing() {
+    use object::read::elf::{Dyn, FileHeader, SectionHeader};
+    use object::{Object, ObjectSymbol};
+    let bytes = std::fs::read(audit()).unwrap();
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(&*bytes).unwrap();
+    let endian = header.endian().unwrap();
+    let mut needed = Vec::new();
+    let mut has_dynamic = false;
+    for section in header.sections(endian, &*bytes).unwrap().iter() {
+        if let Some((entries, _)) = section.dynamic(endian, &*bytes).unwrap() {
+            has_dynamic = true;
+            needed.extend(entries.iter().filter(|d| d.d_tag(endian) == object::elf::DT_NEEDED).map(|d| d.d_val(endian)));
+        }
+    }
+    assert!(has_dynamic, "a shared object has a dynamic section");
+    assert!(needed.is_empty(), "DT_NEEDED entries (string offsets): {needed:?}");
+    let file = object::File::parse(&*bytes).unwrap();
+    let undefined: Vec<String> = file
+        .dynamic_symbols()
+        .filter(|s| s.is_undefined() && !s.is_weak() && !s.name().unwrap_or("").is_empty())
+        .map(|s| s.name().unwrap_or("?").to_string())
+        .collect();
+    assert!(undefined.is_empty(), "undefined symbols: {undefined:?}");
+    let exported: Vec<&str> = file.dynamic_symbols().filter(|s| s.is_definition()).filter_map(|s| s.name().ok()).collect();
+    for f in ["la_version", "la_objopen", "la_activity"] {
+        assert!(exported.contains(&f), "{f} not exported: {exported:?}");
+    }
+}
+
 /// A library the program links runs its constructor before the preloaded
 /// recorder's, and its `atexit` handler (registered there) after the
 /// recorder's exit handler: the audit module starts recording before any
