@@ -3,13 +3,16 @@
 //! site tables are, and its function symbols.
 //!
 //! Read through `object`'s [`ReadCache`], so only the headers, the symbol
-//! tables and their strings are read from disk, never debug info.  Every
-//! failure becomes a [`SkipReason`]; nothing here panics on odd files.
+//! tables and their strings are read from disk, never debug info — and the
+//! symbol tables only when the file has site tables: most objects a
+//! program maps (libc, the recorder itself, with 200 KB of `.symtab`) have
+//! none, and `ElfFile64::parse` reads them whole.  Every failure becomes a
+//! [`SkipReason`]; nothing here panics on odd files.
 
 use super::loaded::Segment;
 use super::{SiteKind, SkipReason, SymbolSource};
 use object::elf;
-use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
+use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader, Sym};
 use object::read::ReadCache;
 use object::{Endianness, Object, ObjectSection, ObjectSymbol, SymbolKind};
 use std::fs::File;
@@ -68,10 +71,14 @@ pub(crate) fn parse(path: &Path) -> Result<Parsed, SkipReason> {
     let file = File::open(path).map_err(|e| SkipReason::Open(e.to_string()))?;
     let meta = file.metadata().map_err(|e| SkipReason::Open(e.to_string()))?;
     let cache = ReadCache::new(file);
-    let elf = ElfFile64::<Endianness, _>::parse(&cache).map_err(|e| SkipReason::NotElf(e.to_string()))?;
-    let endian = elf.endian();
-    let loads = elf
-        .elf_program_headers()
+    let not_elf = |e: object::Error| SkipReason::NotElf(e.to_string());
+    // The file header, program headers and section headers (with their
+    // names) first: the symbol tables only if there are site tables.
+    let header = elf::FileHeader64::<Endianness>::parse(&cache).map_err(not_elf)?;
+    let endian = header.endian().map_err(not_elf)?;
+    let loads = header
+        .program_headers(endian, &cache)
+        .map_err(not_elf)?
         .iter()
         .filter(|p| p.p_type(endian) == elf::PT_LOAD)
         .map(|p| Segment {
@@ -83,19 +90,25 @@ pub(crate) fn parse(path: &Path) -> Result<Parsed, SkipReason> {
             memsz: p.p_memsz(endian),
         })
         .collect();
-    if elf.elf_section_table().is_empty() {
+    let sections = header.sections(endian, &cache).map_err(not_elf)?;
+    if sections.is_empty() {
         return Err(SkipReason::NoSectionHeaders);
     }
     let mut tables = Vec::new();
-    for section in elf.sections() {
-        let Ok(name) = section.name() else { continue };
-        if let Some((_, kind)) = TABLES.iter().find(|(n, _)| *n == name) {
-            if section.size() > 0 {
-                tables.push(Table { kind: *kind, addr: section.address(), size: section.size() });
+    for section in sections.iter() {
+        let Ok(name) = sections.section_name(endian, section) else { continue };
+        if let Some((_, kind)) = TABLES.iter().find(|(n, _)| n.as_bytes() == name) {
+            let size = section.sh_size(endian);
+            if size > 0 {
+                tables.push(Table { kind: *kind, addr: section.sh_addr(endian), size });
             }
         }
     }
-    let (symbols, symbol_source) = if tables.is_empty() { (Vec::new(), SymbolSource::None) } else { functions(&elf) };
+    let (symbols, symbol_source) = if tables.is_empty() {
+        (Vec::new(), SymbolSource::None)
+    } else {
+        functions(&ElfFile64::<Endianness, _>::parse(&cache).map_err(not_elf)?)
+    };
     Ok(Parsed { dev: meta.dev(), inode: meta.ino(), loads, tables, symbols, symbol_source, links: None })
 }
 
@@ -143,8 +156,12 @@ pub(crate) fn link_values(path: &Path, tables: &[Table]) -> Option<Vec<Vec<u64>>
 pub(crate) fn imports_any(path: &Path, names: &[&str]) -> bool {
     let Ok(file) = File::open(path) else { return false };
     let cache = ReadCache::new(file);
-    let Ok(elf) = ElfFile64::<Endianness, _>::parse(&cache) else { return false };
-    elf.dynamic_symbols().any(|s| s.is_undefined() && s.name().is_ok_and(|n| names.contains(&n)))
+    // `.dynsym` alone (`ElfFile64::parse` would read `.symtab` too).
+    let Ok(header) = elf::FileHeader64::<Endianness>::parse(&cache) else { return false };
+    let Ok(endian) = header.endian() else { return false };
+    let Ok(sections) = header.sections(endian, &cache) else { return false };
+    let Ok(dynsym) = sections.symbols(endian, &cache, elf::SHT_DYNSYM) else { return false };
+    dynsym.iter().any(|s| s.is_undefined(endian) && dynsym.symbol_name(endian, s).is_ok_and(|n| names.iter().any(|w| w.as_bytes() == n)))
 }
 
 /// Function symbols from `.symtab`, or `.dynsym` when the file is stripped.
