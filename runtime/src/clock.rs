@@ -91,7 +91,10 @@ impl Clock {
     }
 
     /// Parses [`Clock::env_value`]; `None` if malformed or if the kind
-    /// cannot be read on this machine.
+    /// cannot be read on this architecture.  Whether the TSC is reliable is
+    /// not asked again: `ftramp record` chose it on this machine, and the
+    /// question reads `/proc/cpuinfo`, which a machine with many CPUs makes
+    /// long (a few KB per CPU), in every traced process.
     pub fn from_env_value(s: &str) -> Option<Clock> {
         let mut it = s.trim().split(':');
         let kind = ClockKind::parse(it.next()?)?;
@@ -101,16 +104,17 @@ impl Clock {
             base_ticks: it.next()?.parse().ok()?,
             base_ns: it.next()?.parse().ok()?,
         };
-        if it.next().is_some() || !available(kind) {
+        if it.next().is_some() || !readable(kind) {
             return None;
         }
         Some(c)
     }
 }
 
-fn available(kind: ClockKind) -> bool {
+/// Whether this architecture has the counter `kind` reads.
+fn readable(kind: ClockKind) -> bool {
     match kind {
-        ClockKind::Tsc => cfg!(target_arch = "x86_64") && tsc_reliable(),
+        ClockKind::Tsc => cfg!(target_arch = "x86_64"),
         ClockKind::Cntvct => cfg!(target_arch = "aarch64"),
         ClockKind::Monotonic => true,
     }
@@ -401,10 +405,16 @@ mod tests {
     #[test]
     fn env_value_round_trips_and_rejects_garbage() {
         let c = Clock { kind: ClockKind::Monotonic, ticks_per_sec: 1_000_000_000, base_ticks: 5, base_ns: 7 };
-        assert_eq!(Clock::from_env_value(&c.env_value()), Some(c));
+        assert_eq!(Clock::from_env_value(&c.env_value()), Some(c.clone()));
         for bad in ["", "monotonic", "monotonic:0:1:2", "monotonic:1:2", "monotonic:1:2:3:4", "bogus:1:2:3", "monotonic:x:2:3"] {
             assert_eq!(Clock::from_env_value(bad), None, "{bad:?}");
         }
+        // The arch's own counter is taken as handed over; another arch's is not.
+        let tsc = Clock { kind: ClockKind::Tsc, ticks_per_sec: 2_000_000_000, base_ticks: 5, base_ns: 7 };
+        let cntvct = Clock { kind: ClockKind::Cntvct, ticks_per_sec: 25_000_000, base_ticks: 5, base_ns: 7 };
+        let (ours, theirs) = if cfg!(target_arch = "x86_64") { (tsc, cntvct) } else if cfg!(target_arch = "aarch64") { (cntvct, tsc) } else { (c.clone(), tsc) };
+        assert_eq!(Clock::from_env_value(&ours.env_value()), Some(ours));
+        assert_eq!(Clock::from_env_value(&theirs.env_value()), None);
     }
 
     #[test]
