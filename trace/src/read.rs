@@ -354,6 +354,21 @@ pub fn demangle(raw: &str) -> Option<String> {
     None
 }
 
+/// [`demangle`] with the parameters kept (`N::load(char const*)`), to tell overloads
+/// apart; Rust symbols have none.
+pub fn demangle_with_params(raw: &str) -> Option<String> {
+    let short = demangle(raw)?;
+    let full = cpp_demangle::Symbol::new(raw.as_bytes())
+        .ok()
+        .and_then(|sym| sym.demangle_with_options(&cpp_demangle::DemangleOptions::new().no_return_type()).ok());
+    // A C++ function's full name is its short one and the parameters (a Rust
+    // symbol's, read as C++, ends in its hash instead).
+    match full {
+        Some(full) if full.strip_prefix(short.as_str()).is_some_and(|rest| rest.starts_with('(')) => Some(full),
+        _ => Some(short),
+    }
+}
+
 /// A trace directory read into memory.
 #[derive(Debug)]
 pub struct Trace {

@@ -1,6 +1,8 @@
 //! `ftramp report`: a per-function table of a trace.
 //!
-//! For each function (by name, over the selected threads and processes):
+//! For each function (over the selected threads and processes: one row per symbol and
+//! module, so C++ overloads, which share their name without parameters, get a row each, named
+//! with their parameters; a function of the same module in several processes is one row):
 //! - **calls**: entries recorded (unfinished calls included);
 //! - **total**: time inside the function; a recursive call nested in another call of the
 //!   same function is not added again, so total never exceeds the wall time spent;
@@ -69,33 +71,83 @@ impl SortKey {
     }
 }
 
+/// A row of the table: what it is keyed by and how it may be named.
+struct Row {
+    /// The name without parameters ([`Process::func_name`](crate::read::Process::func_name)).
+    short: String,
+    /// The name with its parameters, for overloads that share `short`.
+    full: String,
+    module: String,
+}
+
 /// Figures of every function called in the selected threads, unsorted.
+///
+/// A row is a function: its raw symbol name and module (calls of one function from
+/// several processes add up).  Recursion is recognised per row, so a row's total never
+/// exceeds the time spent in it; until the twenty-third session rows were merged by the
+/// name without parameters after the figures were made, and `f(const char*)` calling
+/// `f(int)` counted the inner calls' time twice.
 pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
     let has_exits = trace.info.has_exits();
-    let mut by_name: HashMap<String, FuncStats> = HashMap::new();
+    let mut keys: HashMap<(String, String), u32> = HashMap::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut by_row: HashMap<u32, (FuncStats, u32)> = HashMap::new();
     for p in trace.processes.iter().filter(|p| select.process(p)) {
-        // Per function id first (ids are dense), by name when merging processes.
-        let mut by_id: HashMap<u32, (FuncStats, u32)> = HashMap::new();
+        let mut id_row: HashMap<u32, u32> = HashMap::new();
+        let mut row_of = |id: u32| {
+            *id_row.entry(id).or_insert_with(|| {
+                let short = p.func_name(id);
+                let (raw, module) = match p.symbol(id) {
+                    Some(s) if s.name != "?" && !s.name.is_empty() => (s.name.clone(), s.module.clone()),
+                    _ => (short.clone(), String::new()),
+                };
+                let full = crate::read::demangle_with_params(&raw).unwrap_or_else(|| short.clone());
+                let next = rows.len() as u32;
+                *keys.entry((raw, module.clone())).or_insert_with(|| {
+                    rows.push(Row { short, full, module });
+                    next
+                })
+            })
+        };
         for t in p.threads.iter().filter(|t| select.thread(t)) {
-            thread_stats(t, has_exits, &mut by_id);
-        }
-        for (id, (s, _)) in by_id {
-            let m = by_name.entry(p.func_name(id)).or_default();
-            m.calls += s.calls;
-            m.ended += s.ended;
-            m.total_ns = m.total_ns.saturating_add(s.total_ns);
-            m.self_ns = m.self_ns.saturating_add(s.self_ns);
-            m.sum_ns = m.sum_ns.saturating_add(s.sum_ns);
-            m.max_ns = m.max_ns.max(s.max_ns);
+            thread_stats(t, has_exits, &mut row_of, &mut by_row);
         }
     }
-    by_name
+    let names = row_names(&rows);
+    by_row
         .into_iter()
-        .map(|(n, mut s)| {
-            s.name = n;
+        .map(|(row, (mut s, _))| {
+            s.name = names[row as usize].clone();
             s
         })
         .collect()
+}
+
+/// Each row's name: without parameters where that is unique, else with them, else
+/// followed by its module's file name.
+fn row_names(rows: &[Row]) -> Vec<String> {
+    let count = |names: &[String]| {
+        let mut n: HashMap<&str, usize> = HashMap::new();
+        for name in names {
+            *n.entry(name.as_str()).or_default() += 1;
+        }
+        names.iter().map(|name| n[name.as_str()]).collect::<Vec<usize>>()
+    };
+    let mut names: Vec<String> = rows.iter().map(|r| r.short.clone()).collect();
+    let shared = count(&names);
+    for (i, r) in rows.iter().enumerate() {
+        if shared[i] > 1 {
+            names[i] = r.full.clone();
+        }
+    }
+    let shared = count(&names);
+    for (i, r) in rows.iter().enumerate() {
+        if shared[i] > 1 && !r.module.is_empty() {
+            let file = r.module.rsplit('/').next().unwrap_or(&r.module);
+            names[i] = format!("{} [{file}]", names[i]);
+        }
+    }
+    names
 }
 
 /// Adds one thread's calls to `by_id` (with, per function, how many of its
@@ -103,12 +155,12 @@ pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
 /// the time of its direct children that ended and whether it is nested in
 /// another call of its function (`report` of a 20 M-event trace took 1.6 GB
 /// with the call tree).
-fn thread_stats(t: &Thread, has_exits: bool, by_id: &mut HashMap<u32, (FuncStats, u32)>) {
+fn thread_stats(t: &Thread, has_exits: bool, row_of: &mut impl FnMut(u32) -> u32, by_id: &mut HashMap<u32, (FuncStats, u32)>) {
     // Per open call: (children's time, nested).
     let mut open: Vec<(u64, bool)> = Vec::new();
     Walk::thread(t, has_exits, |s| match s {
         Step::Enter { func, .. } => {
-            let (s, active) = by_id.entry(func).or_default();
+            let (s, active) = by_id.entry(row_of(func)).or_default();
             s.calls += 1;
             open.push((0, *active > 0));
             *active += 1;
@@ -117,7 +169,7 @@ fn thread_stats(t: &Thread, has_exits: bool, by_id: &mut HashMap<u32, (FuncStats
             let Some((children_ns, nested)) = open.pop() else {
                 return;
             };
-            let (st, active) = by_id.entry(func).or_default();
+            let (st, active) = by_id.entry(row_of(func)).or_default();
             *active -= 1;
             // Unfinished calls (and entries-only ones) are counted, without a time.
             let Some(d) = s.duration() else { return };
@@ -273,7 +325,7 @@ mod tests {
             let t = crate::testgen::thread(&mut r, 1, &shape);
             for has_exits in [true, false] {
                 let mut got = HashMap::new();
-                thread_stats(&t, has_exits, &mut got);
+                thread_stats(&t, has_exits, &mut |id| id, &mut got);
                 let got: HashMap<u32, FuncStats> = got
                     .into_iter()
                     .map(|(k, (s, active))| {

@@ -415,6 +415,64 @@ fn report_recursion_counts_total_once() {
     assert_eq!((g.calls, g.total_ns, g.self_ns), (1, 5, 5));
 }
 
+/// C++ overloads (one name without parameters) are rows of their own, named with their
+/// parameters, and the total of neither exceeds its caller's (they were one row, whose
+/// total counted `load(int)`'s time inside `load(const char*)` twice); static functions of
+/// one name in two modules are told apart by module; a function called in two processes is
+/// one row.
+#[test]
+fn report_keeps_overloads_and_namesakes_apart() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["ov"]);
+    let syms: [(&str, &str); 5] = [
+        ("outer", "/bin/ov"),
+        ("_ZN1N4loadEPKc", "/bin/ov"),
+        ("_ZN1N4loadEi", "/bin/ov"),
+        ("helper", "/lib/liba.so"),
+        ("helper", "/lib/libb.so"),
+    ];
+    for pid in [7, 8] {
+        write_process_info(d, pid, 0, 1, "/bin/ov", None, "");
+        let mut f = std::fs::File::create(d.join(format::task_file_name(pid, 0, "sym"))).unwrap();
+        for (i, (name, module)) in syms.iter().enumerate() {
+            let l = format::SymLine { id: i as u32, addr: 0x1000 + 0x10 * i as u64, size: 16, symbol: name.to_string(), module: module.to_string() };
+            std::io::Write::write_all(&mut f, format!("{}\n", l.to_line()).as_bytes()).unwrap();
+        }
+    }
+    // outer [0, 100] { load(const char*) [10, 90] { load(int) [20, 80] { helper(a) [30, 40], helper(b) [50, 55] } } }
+    let ev = [
+        entry(0, 0),
+        entry(1, 10),
+        entry(2, 10),
+        entry(3, 10),
+        exit(3, 10),
+        entry(4, 10),
+        exit(4, 5),
+        exit(2, 25),
+        exit(1, 10),
+        exit(0, 10),
+    ];
+    std::fs::write(dat_path(d, 7, 0), chunk(7, 0, 0, 0, 0, &ev)).unwrap();
+    std::fs::write(dat_path(d, 8, 0), chunk(8, 0, 0, 0, 1000, &ev)).unwrap();
+    let t = open(d).unwrap();
+    let rows: HashMap<String, (u64, u64)> = report::stats(&t, &Select::default()).into_iter().map(|s| (s.name, (s.calls, s.total_ns))).collect();
+    let want: HashMap<String, (u64, u64)> = [
+        ("outer", (2, 200)),
+        ("N::load(char const*)", (2, 160)),
+        ("N::load(int)", (2, 120)),
+        ("helper [liba.so]", (2, 20)),
+        ("helper [libb.so]", (2, 10)),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_string(), v))
+    .collect();
+    assert_eq!(rows, want);
+    // A name shared by nothing keeps its short form.
+    assert_eq!(ftramp_trace::read::demangle_with_params("_ZN1N4loadEi").as_deref(), Some("N::load(int)"));
+    assert_eq!(ftramp_trace::read::demangle("_ZN1N4loadEi").as_deref(), Some("N::load"));
+}
+
 #[test]
 fn folded_exact() {
     let dir = tempdir();
