@@ -156,7 +156,10 @@ fn start_with(opts: Options) -> Result<(), String> {
     // frames; mapped per thread, touched only as deep as calls go.
     fgraph::set_stack_words(SHADOW_STACK_WORDS);
     install_handlers();
-    if total > 0 {
+    // Without sites at start, only filters can ask for functions of
+    // libraries loaded later (registering costs a site-less process —
+    // a compiler a build runs, say — its trampolines and watcher thread).
+    if total > 0 || !opts.filter.is_empty() {
         register(&mut st, opts)?;
     }
     *state() = Some(st);
@@ -394,6 +397,23 @@ fn write_syms(st: &mut State) {
     }
 }
 
+/// Says, in the program `ftramp record` started (or without `ftramp
+/// record`), that the filters select no function loaded yet.  Not in the
+/// processes it starts: the message would go into their stderr, which
+/// their parent may be reading (a filter aimed at one program of a build
+/// made every other one print it into its output).
+fn note_no_match_yet(opts: &Options) {
+    // SAFETY: getppid cannot fail.
+    let parent = unsafe { libc::getppid() } as u32;
+    if opts.record_pid.is_none() || opts.record_pid == Some(parent) {
+        say(if opts.main_only {
+            "no function of the main executable matches the filters: nothing is recorded"
+        } else {
+            "no function loaded at start matches the filters; matching functions of libraries loaded later are recorded"
+        });
+    }
+}
+
 /// Registers the tracer for the options' filters.
 fn register(st: &mut State, opts: &Options) -> Result<(), String> {
     let bad = |e: ftramp_runtime::ops::FilterError| format!("{e}");
@@ -416,6 +436,15 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
             && (filter.is_empty() || filter.matches(s))
             && !notrace.matches(s)
     };
+    // None selected among the functions loaded now: globs may still select
+    // some of a library loaded later (not so a main-only list of addresses).
+    let none_yet = !funcs(st.disc.modules()).iter().any(&selected);
+    if none_yet {
+        note_no_match_yet(opts);
+        if opts.main_only {
+            return Ok(());
+        }
+    }
     match opts.tracer {
         Tracer::Function => {
             // The engine applies globs to dlopened libraries by itself; the
@@ -427,12 +456,9 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
                     .filter(|s| selected(s))
                     .map(|s| s.addr)
                     .collect();
-                if addrs.is_empty() {
-                    return Err("no function matches the filters".into());
-                }
                 ops = ops.filter(addrs.iter().fold(Filter::new(), |f, &a| f.addr(a)));
             } else {
-                ops = ops.filter(filter).notrace(notrace);
+                ops = ops.filter(filter).notrace(notrace).flags(OpsFlags::RECURSION | OpsFlags::ALLOW_NO_SITES);
             }
             let ops = Arc::new(ops);
             ftrace()
@@ -446,9 +472,6 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
                 .filter(|s| selected(s))
                 .map(|s| s.addr)
                 .collect();
-            if traced.is_empty() {
-                return Err("no function matches the filters".into());
-            }
             // The globs themselves, so that fgraph and the engine apply
             // them to libraries loaded later (no filter change, and so no
             // grace period, at a dlopen); the main-only restriction is a
@@ -456,7 +479,7 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
             let user = if opts.main_only {
                 tracer::graph_user().filter(traced.iter().fold(Filter::new(), |f, &a| f.addr(a)))
             } else {
-                tracer::graph_user().filter(filter).notrace(notrace)
+                tracer::graph_user().filter(filter).notrace(notrace).allow_no_sites(true)
             };
             let user = Arc::new(user.skip_timestamp(true));
             fgraph::register_fgraph(user.clone()).map_err(|e| match e {

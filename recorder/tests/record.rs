@@ -1330,6 +1330,40 @@ fn a_dlopened_librarys_constructor_is_recorded() {
     }
 }
 
+/// A filter that names only functions of a library the program `dlopen`s
+/// later records them, with both tracers (the recorder refused to start:
+/// "no function matches the filters; the program runs untraced"), and says
+/// so once in the program `ftramp record` started, never in the processes
+/// that one starts: there the message went into their stderr, which their
+/// parent may read (a `-F` aimed at one program of a build put a line into
+/// the output of every other one).
+#[test]
+fn a_filter_naming_only_functions_of_a_later_library_records_them_quietly() {
+    let b = built();
+    let lib = b.ctor_lib.to_str().unwrap();
+    // SAFETY: getpid cannot fail.
+    let this = unsafe { libc::getpid() }.to_string();
+    for tracer in ["function_graph", "function"] {
+        for (who, record_pid) in [("started by ftramp record", this.as_str()), ("started by another process", "1")] {
+            let (dir, out) = record_tracee(
+                &format!("filter-later-{tracer}-{record_pid}"),
+                tracer,
+                &["dlopen-ctor", lib],
+                &[("FTRAMP_TRACER", tracer), ("FTRAMP_FILTER", "ctorlib_*"), ("FTRAMP_RECORD_PID", record_pid)],
+            );
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{tracer}, {who}: {stderr}");
+            let said = stderr.matches("no function loaded at start matches the filters").count();
+            assert_eq!(said, usize::from(record_pid != "1"), "{tracer}, {who}: {stderr}");
+            assert!(!stderr.contains("runs untraced"), "{tracer}, {who}: {stderr}");
+            let got = per_function(&open(&dir).processes[0]);
+            let both = |n| if tracer == "function" { (n, 0) } else { (n, n) };
+            assert_eq!(count(&got, "ctorlib_step"), both(9), "{tracer}, {who}: {got:?}");
+            assert!(got.keys().all(|f| f.starts_with("ctorlib_")), "{tracer}, {who}: only the filter's functions: {got:?}");
+        }
+    }
+}
+
 /// The recorder's threads start at the audit module's start-up checkpoint,
 /// while the loader is still starting the program (it declares the
 /// namespace consistent later, holding no lock).  A thread that waited for

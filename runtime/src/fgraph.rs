@@ -234,6 +234,8 @@ pub struct Fgraph {
     /// Functions left out even when the filter matches (fixed at creation).
     notrace: Filter,
     skip_timestamp: bool,
+    /// Registers even when its filter matches no loaded function yet.
+    allow_no_sites: bool,
     /// User data.
     pub private: usize,
     /// Where and when it is registered (`usize::MAX`: not registered).
@@ -243,7 +245,7 @@ pub struct Fgraph {
 
 impl Fgraph {
     pub fn new(entry: EntryFunc, ret: RetFunc) -> Fgraph {
-        Fgraph { entry, ret, filter: Mutex::new(Filter::new()), notrace: Filter::new(), skip_timestamp: false, private: 0, slot: AtomicUsize::new(usize::MAX), reg_epoch: AtomicU32::new(0) }
+        Fgraph { entry, ret, filter: Mutex::new(Filter::new()), notrace: Filter::new(), skip_timestamp: false, allow_no_sites: false, private: 0, slot: AtomicUsize::new(usize::MAX), reg_epoch: AtomicU32::new(0) }
     }
     /// Functions not traced even when the filter matches them (Linux's
     /// `set_graph_notrace`; globs apply to modules loaded later too).
@@ -259,6 +261,13 @@ impl Fgraph {
     /// No clock reads for this user (`calltime`/`rettime` may be 0).
     pub fn skip_timestamp(mut self, skip: bool) -> Fgraph {
         self.skip_timestamp = skip;
+        self
+    }
+    /// Registering succeeds even when the filter matches no loaded function
+    /// yet: its globs select functions of libraries loaded later
+    /// ([`OpsFlags::ALLOW_NO_SITES`](crate::ops::OpsFlags::ALLOW_NO_SITES)).
+    pub fn allow_no_sites(mut self, allow: bool) -> Fgraph {
+        self.allow_no_sites = allow;
         self
     }
     pub fn private(mut self, private: usize) -> Fgraph {
@@ -554,7 +563,11 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     };
     ALL_MASK.store(all, Relaxed);
     publish_masks(masks, false);
-    let ops = Arc::new(Ops::new(graph_entry).filter(filter).notrace(notrace).raw_entry(graph_entry_listed));
+    let mut ops = Ops::new(graph_entry).filter(filter).notrace(notrace).raw_entry(graph_entry_listed);
+    if users.iter().any(|(_, u)| u.allow_no_sites) {
+        ops = ops.flags(crate::ops::OpsFlags::ALLOW_NO_SITES);
+    }
+    let ops = Arc::new(ops);
     match r.ops.take() {
         Some(old) => {
             if let Err(e) = ftrace().replace(&old, ops.clone()) {

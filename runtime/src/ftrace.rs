@@ -388,7 +388,7 @@ impl Ftrace {
         st.refresh()?;
         let d = st.discovery.as_ref().expect("refreshed");
         let matched: Vec<&Site> = d.sites().filter(|s| ops.traces(s)).collect();
-        if matched.is_empty() {
+        if matched.is_empty() && !ops.get_flags().contains(OpsFlags::ALLOW_NO_SITES) {
             return Err(OpsError::NoSites);
         }
         if ops.get_flags().contains(OpsFlags::IPMODIFY) {
@@ -451,7 +451,7 @@ impl Ftrace {
         st.refresh()?;
         let d = st.discovery.as_ref().expect("refreshed");
         let matched: Vec<&Site> = d.sites().filter(|s| new.traces(s)).collect();
-        if matched.is_empty() {
+        if matched.is_empty() && !new.get_flags().contains(OpsFlags::ALLOW_NO_SITES) {
             return Err(OpsError::NoSites);
         }
         if new.get_flags().contains(OpsFlags::IPMODIFY) {

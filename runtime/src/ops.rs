@@ -41,6 +41,11 @@ impl OpsFlags {
     /// (`FtraceRegs::set_instruction_pointer`).  At most one IPMODIFY ops
     /// per site.
     pub const IPMODIFY: OpsFlags = OpsFlags(1 << 2);
+    /// Registering succeeds even when no loaded site matches the filter
+    /// yet: its globs also select the functions of modules loaded later (a
+    /// tracer told to record a function of a library the program will
+    /// `dlopen`).  Without it such a register fails with `NoSites`.
+    pub const ALLOW_NO_SITES: OpsFlags = OpsFlags(1 << 3);
 
     pub const fn empty() -> OpsFlags {
         OpsFlags(0)
