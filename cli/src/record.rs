@@ -238,6 +238,15 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         if g.contains(|c: char| c == ';' || c.is_whitespace()) {
             bail!("bad filter `{g}`: function names have no spaces or `;`");
         }
+        // Recording matches raw symbols, and no raw symbol has `::` or
+        // parentheses: a demangled name would match nothing, silently.
+        if g.contains("::") || g.contains('(') {
+            bail!(
+                "bad filter `{g}`: while recording, filters match raw symbols, which are mangled for C++ and \
+                 Rust and have no `::` or parameters: write the mangled form or a glob around its parts \
+                 (`-F '*4YAML4Load*'` for YAML::Load; `ftramp replay -F` takes demangled names)"
+            );
+        }
     }
     let prog = find_program(&a.command[0])?;
     let preload = find_preload()?;
