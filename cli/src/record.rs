@@ -392,6 +392,13 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     if summary.images > 0 && summary.sites == 0 {
         eprintln!("ftramp record: {}", no_sites_advice(&prog));
     }
+    if summary.images > 0 && summary.sites > 0 && !summary.events && !a.filter.is_empty() {
+        eprintln!(
+            "ftramp record: no call of a function matching the filters was recorded ({}): while recording, \
+             filters match raw symbols (mangled for C++ and Rust), see `ftramp record --help`",
+            a.filter.iter().map(|f| format!("-F {f}")).collect::<Vec<_>>().join(" ")
+        );
+    }
     if summary.images == 0 {
         eprintln!(
             "ftramp record: nothing was recorded: {} did not load {} (a statically linked or set-user-ID \
@@ -564,6 +571,30 @@ struct Summary {
     lost: u64,
     /// Images (pid, image number) whose `.info` has no `exit` line.
     unfinished: Vec<(u32, u32)>,
+    /// Some `.dat` holds an event (or cannot be read as empty).
+    events: bool,
+}
+
+/// Whether the `.dat` file at `path` holds a chunk with events: walks the
+/// chunk headers only, and stops at the first non-empty one (so a big
+/// trace costs one read).  Unreadable or damaged counts as holding some.
+fn dat_has_events(path: &Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    use ftramp_trace::format::{ChunkHeader, CHUNK_HEADER_SIZE};
+    let Ok(f) = std::fs::File::open(path) else { return true };
+    let mut at = 0u64;
+    loop {
+        let mut b = [0u8; CHUNK_HEADER_SIZE];
+        match f.read_exact_at(&mut b, at) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return false,
+            Err(_) => return true,
+        }
+        match ChunkHeader::decode(&b) {
+            Ok(h) if h.len == 0 => at += CHUNK_HEADER_SIZE as u64,
+            _ => return true,
+        }
+    }
 }
 
 /// Counts the images, their sites and lost events from the `.info` files.
@@ -573,12 +604,16 @@ fn summarize(dir: &Path) -> Summary {
         sites: 0,
         lost: 0,
         unfinished: Vec::new(),
+        events: false,
     };
     let Ok(rd) = std::fs::read_dir(dir) else {
         return s;
     };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
+        if !s.events && matches!(ftramp_trace::format::parse_task_file_name(&name), Some((_, _, "dat"))) {
+            s.events = dat_has_events(&e.path());
+        }
         if !matches!(
             ftramp_trace::format::parse_task_file_name(&name),
             Some((_, _, "info"))

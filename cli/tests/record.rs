@@ -299,6 +299,22 @@ fn dir_flag_is_the_same_as_for_replay() {
     }
 }
 
+/// A filter under which no call was recorded is said at the end (a typo,
+/// or a demangled-looking glob); a filter that matched says nothing.
+#[test]
+fn a_filter_that_recorded_nothing_is_reported() {
+    let said = "no call of a function matching the filters was recorded (-F rec_nosuch*)";
+    let d = dir("filter-nothing");
+    let o = record(&d, &["-F", "rec_nosuch*"], tracee(), &["threads"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains(said), "{}", stderr(&o));
+    let o = record(&d, &["-F", "rec_nosuch*", "-F", "rec_*"], tracee(), &["threads"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("no call of a function"), "{}", stderr(&o));
+    let t = Trace::open(&d).unwrap();
+    assert!(t.processes[0].threads.iter().any(|t| !t.events.is_empty()));
+}
+
 #[test]
 fn program_without_sites_gets_advice() {
     let d = dir("nosites");
