@@ -597,7 +597,8 @@ fn dat_has_events(path: &Path) -> bool {
     }
 }
 
-/// Counts the images, their sites and lost events from the `.info` files.
+/// Counts the images, their sites and lost events from the `.info` files,
+/// and looks for an event in the `.dat` files.
 fn summarize(dir: &Path) -> Summary {
     let mut s = Summary {
         images: 0,
@@ -611,15 +612,14 @@ fn summarize(dir: &Path) -> Summary {
     };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if !s.events && matches!(ftramp_trace::format::parse_task_file_name(&name), Some((_, _, "dat"))) {
-            s.events = dat_has_events(&e.path());
-        }
-        if !matches!(
-            ftramp_trace::format::parse_task_file_name(&name),
-            Some((_, _, "info"))
-        ) {
-            continue;
-        }
+        let (pid, n) = match ftramp_trace::format::parse_task_file_name(&name) {
+            Some((_, _, "dat")) if !s.events => {
+                s.events = dat_has_events(&e.path());
+                continue;
+            }
+            Some((pid, n, "info")) => (pid, n),
+            _ => continue,
+        };
         s.images += 1;
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         // The values of the `key = value` lines, last first.
@@ -632,9 +632,7 @@ fn summarize(dir: &Path) -> Summary {
         s.sites += num("sites");
         s.lost += num("lost");
         if values("exit").next().is_none() {
-            if let Some((pid, n, _)) = ftramp_trace::format::parse_task_file_name(&name) {
-                s.unfinished.push((pid, n));
-            }
+            s.unfinished.push((pid, n));
         }
     }
     s.unfinished.sort();

@@ -184,14 +184,22 @@ pub fn started_here_or_before_fork() -> bool {
     STARTED.load(Relaxed)
 }
 
+/// Whether this image is the program `ftramp record` started (its parent is
+/// `ftramp record`; also after an exec), or runs without `ftramp record`:
+/// where the recorder's notes go to the user's terminal rather than into
+/// the stderr of a process its parent may be reading.
+fn started_by_record(opts: &Options) -> bool {
+    // SAFETY: getppid cannot fail.
+    let parent = unsafe { libc::getppid() } as u32;
+    opts.record_pid.is_none() || opts.record_pid == Some(parent)
+}
+
 /// Warns about the modules of `modules` with functions that have sites but
 /// are in no site table, once per module and run: in the program `ftramp
 /// record` started (not in each image it execs or forks), at start and as
 /// it loads libraries.
 fn warn_unlisted<'m>(opts: &Options, modules: impl IntoIterator<Item = &'m Module>, warned: &mut Vec<String>) {
-    // SAFETY: getppid cannot fail.
-    let parent = unsafe { libc::getppid() } as u32;
-    if opts.record_pid.is_some() && opts.record_pid != Some(parent) {
+    if !started_by_record(opts) {
         return;
     }
     for m in modules.into_iter().filter(|m| m.unlisted > 0) {
@@ -403,9 +411,7 @@ fn write_syms(st: &mut State) {
 /// their parent may be reading (a filter aimed at one program of a build
 /// made every other one print it into its output).
 fn note_no_match_yet(opts: &Options) {
-    // SAFETY: getppid cannot fail.
-    let parent = unsafe { libc::getppid() } as u32;
-    if opts.record_pid.is_none() || opts.record_pid == Some(parent) {
+    if started_by_record(opts) {
         say(if opts.main_only {
             "no function of the main executable matches the filters: nothing is recorded"
         } else {
@@ -449,7 +455,7 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
         Tracer::Function => {
             // The engine applies globs to dlopened libraries by itself; the
             // main-only restriction is a list of addresses.
-            let mut ops = Ops::new(tracer::function_entry).flags(OpsFlags::RECURSION);
+            let mut ops = Ops::new(tracer::function_entry).flags(OpsFlags::RECURSION | OpsFlags::ALLOW_NO_SITES);
             if opts.main_only {
                 let addrs: Vec<usize> = funcs(st.disc.modules())
                     .iter()
@@ -458,7 +464,7 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
                     .collect();
                 ops = ops.filter(addrs.iter().fold(Filter::new(), |f, &a| f.addr(a)));
             } else {
-                ops = ops.filter(filter).notrace(notrace).flags(OpsFlags::RECURSION | OpsFlags::ALLOW_NO_SITES);
+                ops = ops.filter(filter).notrace(notrace);
             }
             let ops = Arc::new(ops);
             ftrace()
@@ -479,9 +485,9 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
             let user = if opts.main_only {
                 tracer::graph_user().filter(traced.iter().fold(Filter::new(), |f, &a| f.addr(a)))
             } else {
-                tracer::graph_user().filter(filter).notrace(notrace).allow_no_sites(true)
+                tracer::graph_user().filter(filter).notrace(notrace)
             };
-            let user = Arc::new(user.skip_timestamp(true));
+            let user = Arc::new(user.skip_timestamp(true).allow_no_sites(true));
             fgraph::register_fgraph(user.clone()).map_err(|e| match e {
                 // The function tracer hijacks no returns.
                 fgraph::FgraphError::ShadowStack => format!(

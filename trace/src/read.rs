@@ -465,9 +465,11 @@ impl Trace {
             };
             let file = |ext: &str| dir.join(format::task_file_name(pid, image, ext));
             let info_file = file("info");
+            // Made nanoseconds once the calibration is known.
+            let mut start_ticks = None;
             let calibrated = if have[0] {
                 match std::fs::read_to_string(&info_file) {
-                    Ok(text) => parse_process_info(&info_file, &text, &mut p, &mut problems),
+                    Ok(text) => parse_process_info(&info_file, &text, &mut p, &mut start_ticks, &mut problems),
                     Err(error) => {
                         problems.push(TraceError::Io {
                             path: info_file,
@@ -501,13 +503,13 @@ impl Trace {
             if !calibrated {
                 uncalibrated.push(processes.len());
             }
-            processes.push((p, have[2]));
+            processes.push((p, have[2], start_ticks));
         }
 
         // The run's calibration, when `ftramp record` wrote one, is every
         // process's.
         if let Some(c) = info.calibration {
-            for (p, _) in &mut processes {
+            for (p, _, _) in &mut processes {
                 p.calibration = c;
             }
             uncalibrated.clear();
@@ -518,7 +520,7 @@ impl Trace {
             .iter()
             .enumerate()
             .find(|(i, _)| !uncalibrated.contains(i))
-            .map(|(_, (p, _))| p.calibration);
+            .map(|(_, (p, _, _))| p.calibration);
         for &i in &uncalibrated {
             let p = &mut processes[i].0;
             p.calibration = shared.unwrap_or(Calibration::IDENTITY);
@@ -534,8 +536,8 @@ impl Trace {
         }
 
         let mut out = Vec::with_capacity(processes.len());
-        for (mut p, has_dat) in processes {
-            p.start_ns = p.start_ns.map(|ticks| p.calibration.to_ns(ticks));
+        for (mut p, has_dat, start_ticks) in processes {
+            p.start_ns = start_ticks.map(|ticks| p.calibration.to_ns(ticks));
             let dat = dir.join(format::task_file_name(p.pid, p.image, "dat"));
             if has_dat {
                 let data = if streamed {
@@ -752,6 +754,7 @@ fn parse_process_info(
     path: &Path,
     text: &str,
     p: &mut Process,
+    start_ticks: &mut Option<u64>,
     problems: &mut Vec<TraceError>,
 ) -> bool {
     let t = parse_toml_lenient(path, text, problems);
@@ -801,9 +804,8 @@ fn parse_process_info(
                 None => bad(problems, k, v),
             },
             "exit" => p.exit = Some(value_str(v)),
-            // Made nanoseconds once the calibration is known.
             "start_ticks" => match num {
-                Some(n) => p.start_ns = Some(n),
+                Some(n) => *start_ticks = Some(n),
                 None => bad(problems, k, v),
             },
             _ => {}

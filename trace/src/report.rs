@@ -71,12 +71,13 @@ impl SortKey {
     }
 }
 
-/// A row of the table: what it is keyed by and how it may be named.
+/// A row of the table: how it may be named.
 struct Row {
     /// The name without parameters ([`Process::func_name`](crate::read::Process::func_name)).
     short: String,
-    /// The name with its parameters, for overloads that share `short`.
-    full: String,
+    /// The raw symbol (`short` when there is none), demangled with its parameters only
+    /// for overloads that share `short`.
+    raw: String,
     module: String,
 }
 
@@ -91,20 +92,19 @@ pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
     let has_exits = trace.info.has_exits();
     let mut keys: HashMap<(String, String), u32> = HashMap::new();
     let mut rows: Vec<Row> = Vec::new();
-    let mut by_row: HashMap<u32, (FuncStats, u32)> = HashMap::new();
+    // Per row: its figures and how many of its calls are open.
+    let mut by_row: Vec<(FuncStats, u32)> = Vec::new();
     for p in trace.processes.iter().filter(|p| select.process(p)) {
         let mut id_row: HashMap<u32, u32> = HashMap::new();
         let mut row_of = |id: u32| {
             *id_row.entry(id).or_insert_with(|| {
-                let short = p.func_name(id);
                 let (raw, module) = match p.symbol(id) {
                     Some(s) if s.name != "?" && !s.name.is_empty() => (s.name.clone(), s.module.clone()),
-                    _ => (short.clone(), String::new()),
+                    _ => (p.func_name(id), String::new()),
                 };
-                let full = crate::read::demangle_with_params(&raw).unwrap_or_else(|| short.clone());
                 let next = rows.len() as u32;
-                *keys.entry((raw, module.clone())).or_insert_with(|| {
-                    rows.push(Row { short, full, module });
+                *keys.entry((raw.clone(), module.clone())).or_insert_with(|| {
+                    rows.push(Row { short: p.func_name(id), raw, module });
                     next
                 })
             })
@@ -116,8 +116,9 @@ pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
     let names = row_names(&rows);
     by_row
         .into_iter()
-        .map(|(row, (mut s, _))| {
-            s.name = names[row as usize].clone();
+        .zip(names)
+        .map(|((mut s, _), name)| {
+            s.name = name;
             s
         })
         .collect()
@@ -137,7 +138,9 @@ fn row_names(rows: &[Row]) -> Vec<String> {
     let shared = count(&names);
     for (i, r) in rows.iter().enumerate() {
         if shared[i] > 1 {
-            names[i] = r.full.clone();
+            if let Some(full) = crate::read::demangle_with_params(&r.raw) {
+                names[i] = full;
+            }
         }
     }
     let shared = count(&names);
@@ -150,17 +153,25 @@ fn row_names(rows: &[Row]) -> Vec<String> {
     names
 }
 
-/// Adds one thread's calls to `by_id` (with, per function, how many of its
-/// calls are open): one [`Walk`] over the events, holding per open call only
+/// Adds one thread's calls to `by_row`, indexed by `row_of` of the function
+/// (with, per row, how many of its calls are open): one [`Walk`] over the events, holding per open call only
 /// the time of its direct children that ended and whether it is nested in
 /// another call of its function (`report` of a 20 M-event trace took 1.6 GB
 /// with the call tree).
-fn thread_stats(t: &Thread, has_exits: bool, row_of: &mut impl FnMut(u32) -> u32, by_id: &mut HashMap<u32, (FuncStats, u32)>) {
+fn thread_stats(t: &Thread, has_exits: bool, row_of: &mut impl FnMut(u32) -> u32, by_row: &mut Vec<(FuncStats, u32)>) {
     // Per open call: (children's time, nested).
     let mut open: Vec<(u64, bool)> = Vec::new();
+    let mut row = |func: u32, by_row: &mut Vec<(FuncStats, u32)>| {
+        let r = row_of(func) as usize;
+        if r >= by_row.len() {
+            by_row.resize(r + 1, Default::default());
+        }
+        r
+    };
     Walk::thread(t, has_exits, |s| match s {
         Step::Enter { func, .. } => {
-            let (s, active) = by_id.entry(row_of(func)).or_default();
+            let r = row(func, by_row);
+            let (s, active) = &mut by_row[r];
             s.calls += 1;
             open.push((0, *active > 0));
             *active += 1;
@@ -169,7 +180,8 @@ fn thread_stats(t: &Thread, has_exits: bool, row_of: &mut impl FnMut(u32) -> u32
             let Some((children_ns, nested)) = open.pop() else {
                 return;
             };
-            let (st, active) = by_id.entry(row_of(func)).or_default();
+            let r = row(func, by_row);
+            let (st, active) = &mut by_row[r];
             *active -= 1;
             // Unfinished calls (and entries-only ones) are counted, without a time.
             let Some(d) = s.duration() else { return };
@@ -324,13 +336,16 @@ mod tests {
         for round in 0..300 {
             let t = crate::testgen::thread(&mut r, 1, &shape);
             for has_exits in [true, false] {
-                let mut got = HashMap::new();
-                thread_stats(&t, has_exits, &mut |id| id, &mut got);
+                // Rows numbered in the order functions are met, mapped back to ids.
+                let mut ids: Vec<u32> = Vec::new();
+                let mut got = Vec::new();
+                thread_stats(&t, has_exits, &mut |id| ids.iter().position(|&i| i == id).unwrap_or_else(|| { ids.push(id); ids.len() - 1 }) as u32, &mut got);
                 let got: HashMap<u32, FuncStats> = got
                     .into_iter()
-                    .map(|(k, (s, active))| {
+                    .enumerate()
+                    .map(|(row, (s, active))| {
                         assert_eq!(active, 0, "round {round}: open counts return to 0");
-                        (k, s)
+                        (ids[row], s)
                     })
                     .collect();
                 let want = tree_stats(&t, has_exits);
