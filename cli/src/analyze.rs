@@ -20,6 +20,9 @@ pub struct Source {
         default_value = "ftramp.data"
     )]
     dir: PathBuf,
+    /// Trace directory, named without -d (`ftramp replay my.data`).
+    #[arg(value_name = "TRACE_DIR", conflicts_with = "dir")]
+    trace_dir: Option<PathBuf>,
     /// Only this process (pid).
     #[arg(long, value_name = "N")]
     pid: Option<u32>,
@@ -29,6 +32,11 @@ pub struct Source {
 }
 
 impl Source {
+    /// The trace directory: the positional one, else -d (or its default).
+    fn dir(&self) -> &Path {
+        self.trace_dir.as_deref().unwrap_or(&self.dir)
+    }
+
     fn select(&self) -> Select {
         Select {
             pid: self.pid,
@@ -39,13 +47,14 @@ impl Source {
     /// Opens the trace; its problems go to stderr as warnings. Fails when nothing is
     /// readable, or when --pid/--tid select nothing.
     fn open(&self) -> Result<Trace> {
-        let t = Trace::open_streaming(&self.dir).with_context(|| {
-            let hint = if self.dir == Path::new("ftramp.data") && !self.dir.exists() {
+        let dir = self.dir();
+        let t = Trace::open_streaming(dir).with_context(|| {
+            let hint = if dir == Path::new("ftramp.data") && !dir.exists() {
                 " (record one with `ftramp record -- PROG ARGS`, or name a trace with -d DIR)"
             } else {
                 ""
             };
-            format!("cannot read trace {}{hint}", self.dir.display())
+            format!("cannot read trace {}{hint}", dir.display())
         })?;
         const SHOWN: usize = 20;
         for p in t.problems.iter().take(SHOWN) {
@@ -55,7 +64,7 @@ impl Source {
             eprintln!(
                 "ftramp: warning: ... and {} more problems in {}",
                 t.problems.len() - SHOWN,
-                self.dir.display()
+                dir.display()
             );
         }
         let sel = self.select();
@@ -70,7 +79,7 @@ impl Source {
                 .collect();
             bail!(
                 "{}: no thread matches{}{} (the trace has: {})",
-                self.dir.display(),
+                dir.display(),
                 self.pid.map(|p| format!(" --pid {p}")).unwrap_or_default(),
                 self.tid.map(|t| format!(" --tid {t}")).unwrap_or_default(),
                 if have.is_empty() {
@@ -213,7 +222,7 @@ pub fn dump(a: DumpArgs) -> Result<()> {
     if lines.is_empty() {
         bail!(
             "{}: no calls to draw (the selected threads have no events)",
-            a.source.dir.display()
+            a.source.dir().display()
         );
     }
     let mut opts = inferno::flamegraph::Options::default();

@@ -94,6 +94,32 @@ fn replay_prints_the_call_graph() {
     );
 }
 
+/// `replay DIR`, `report DIR` and `dump DIR` read the trace that `-d DIR` names
+/// (the habit of `uftrace replay DIR`-style tools); both at once are refused.
+#[test]
+fn the_trace_directory_can_be_named_without_d() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    for cmd in [&["replay"][..], &["report"], &["dump", "--flame"]] {
+        let with_d = ok(&[cmd, &["-d", d(dir.path())]].concat());
+        let positional = ok(&[cmd, &[d(dir.path())]].concat());
+        assert_eq!(positional, with_d, "{cmd:?}");
+        assert!(with_d.lines().count() > 3, "{cmd:?}: {with_d}");
+    }
+    let other = tempdir();
+    let o = ftramp(&["report", "-d", d(other.path()), d(dir.path())]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("cannot be used with"), "{}", text(&o.stderr));
+    let missing = dir.path().join("none");
+    let o = ftramp(&["replay", d(&missing)]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains(&format!("cannot read trace {}", missing.display())),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
 #[test]
 fn report_sorts_and_limits() {
     let dir = tempdir();
