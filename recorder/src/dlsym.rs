@@ -98,7 +98,16 @@ fn sync_new_modules() {
     // sanitizer runtime calls dlsym while it sets up its interceptors, and
     // `modules_handled`'s dl_iterate_phdr would then reach TSan's
     // interceptor before it has the real function (a jump to address 0).
-    if !crate::session::started_here_or_before_fork() || modules_handled() {
+    if !crate::session::started_here_or_before_fork() {
+        return;
+    }
+    // Nothing registered for the engine to patch: the recorder looks for
+    // a library with sites itself (and then registers the tracer).
+    if crate::session::waiting_for_sites() {
+        on_program_thread(crate::session::name_new_sites);
+        return;
+    }
+    if modules_handled() {
         return;
     }
     on_program_thread(|| {

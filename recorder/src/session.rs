@@ -156,16 +156,54 @@ fn start_with(opts: Options) -> Result<(), String> {
     // frames; mapped per thread, touched only as deep as calls go.
     fgraph::set_stack_words(SHADOW_STACK_WORDS);
     install_handlers();
-    // Without sites at start, only filters can ask for functions of
-    // libraries loaded later (registering costs a site-less process —
-    // a compiler a build runs, say — its trampolines and watcher thread).
+    // Without sites at start and without filters, the tracer is registered
+    // when a library with sites is loaded (see [`WAITING_FOR_SITES`]):
+    // registering costs a site-less process — a compiler a build runs,
+    // say — its trampolines and watcher thread.  With filters it is
+    // registered now, so that the constructors of a library they name are
+    // recorded too.  A main-only list stays empty for good.
     if total > 0 || !opts.filter.is_empty() {
         register(&mut st, opts)?;
+    } else if !opts.main_only {
+        WAITING_FOR_SITES.store(true, Relaxed);
     }
     *state() = Some(st);
     spawn_writer();
     STARTED.store(true, Relaxed);
     Ok(())
+}
+
+/// The tracer is not registered yet: the program had no sites at start
+/// and no filters were given.  The first look at the loader's changes
+/// that finds a library with sites registers it
+/// ([`register_once_sites_appear`]): the `dlsym` interposer's, before the
+/// program gets a function of the library, or the writer's, within a
+/// module-watch interval of the `dlopen`.  Not inside the loader (the
+/// audit module's hook): registering starts the engine's watcher thread.
+/// So the calls that the library's constructors make are not recorded
+/// (with `-F` they are: the tracer is registered at start then).
+static WAITING_FOR_SITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the tracer waits for a library with sites
+/// ([`WAITING_FOR_SITES`]).
+pub(crate) fn waiting_for_sites() -> bool {
+    WAITING_FOR_SITES.load(Relaxed)
+}
+
+/// Registers the tracer if it was waiting for sites and the modules now
+/// loaded have some (called with the state, after their sites were
+/// named).  A failure is said once; the program goes on untraced.
+fn register_once_sites_appear(st: &mut State) {
+    if !WAITING_FOR_SITES.load(Relaxed) || st.sites.is_empty() {
+        return;
+    }
+    WAITING_FOR_SITES.store(false, Relaxed);
+    let Some(opts) = OPTIONS.get() else { return };
+    if let Err(e) = register(st, opts) {
+        if started_by_record(opts) {
+            say(&e);
+        }
+    }
 }
 
 /// Recording has started in this image: the tracer is registered (fork
@@ -582,6 +620,7 @@ fn check_modules_with(mut guard: MutexGuard<'static, Option<State>>) {
     if changed {
         publish_table(st);
     }
+    register_once_sites_appear(st);
 }
 
 fn spawn_writer() {

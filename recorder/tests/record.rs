@@ -1364,6 +1364,40 @@ fn a_filter_naming_only_functions_of_a_later_library_records_them_quietly() {
     }
 }
 
+/// A program with no sites of its own (an interpreter, a plugin host) and
+/// no filters: the tracer is registered when a library with sites is
+/// loaded, at the program's first `dlsym` (or `dlclose`) after it, so that
+/// the calls made through what `dlsym` returned are recorded, and so are
+/// the library's destructor's and atexit handler's at the `dlclose`.  The
+/// constructor's calls, made inside `dlopen` before the tracer was
+/// registered, are not (the documented rule); with `-F` they are, the
+/// tracer being registered at start then.  Before, such a program recorded
+/// nothing without `-F`.  Both tracers.
+#[test]
+fn a_program_without_sites_records_the_library_with_sites_it_loads() {
+    let b = built();
+    let lib = b.ctor_lib.to_str().unwrap();
+    for tracer in ["function_graph", "function"] {
+        for filter in ["", "ctorlib_*"] {
+            let dir = trace_dir(&format!("nosites-plugin-{tracer}-{}", filter.len()), tracer);
+            let out = record(&dir, &b.nosites, &["dlopen", lib, "7"], &[("FTRAMP_TRACER", tracer), ("FTRAMP_FILTER", filter)]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{tracer} -F '{filter}': {stderr}");
+            let c = counters(&out.stdout);
+            assert_eq!(c[0]["plugin_calls"], 7, "{tracer}: {:?}", c);
+            // The library's own counts: constructor 3, destructor 2, atexit 4.
+            assert_eq!(c[0]["ctor_calls"], 3, "{tracer}: {:?}", c);
+            let got = per_function(&open(&dir).processes[0]);
+            let both = |n| if tracer == "function" { (n, 0) } else { (n, n) };
+            assert_eq!(count(&got, "ctorlib_ctor_calls"), both(7), "{tracer} -F '{filter}': {got:?}");
+            let steps = if filter.is_empty() { 2 + 4 } else { 3 + 2 + 4 };
+            assert_eq!(count(&got, "ctorlib_step"), both(steps), "{tracer} -F '{filter}': {got:?}");
+            // Only the library has sites (`say` is one of its functions).
+            assert!(got.keys().all(|f| f.starts_with("ctorlib_") || f == "say"), "{tracer}: {got:?}");
+        }
+    }
+}
+
 /// The recorder's threads start at the audit module's start-up checkpoint,
 /// while the loader is still starting the program (it declares the
 /// namespace consistent later, holding no lock).  A thread that waited for
