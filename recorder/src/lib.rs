@@ -14,9 +14,11 @@
 //! exported constructor and early start, the `exec*`/`fexecve`/`posix_spawn*`/`_exit` interposers
 //! (this file and the variadic ones in `execl.rs`), the `dlsym` interposer
 //! (`dlsym.rs`), the `sigaction`/`signal` interposers (`sigaction.rs`), the
-//! trace files' descriptors (`tracefile.rs`), each with
-//! the reason it is sound.
+//! trace files' descriptors (`tracefile.rs`), the heap (`alloc.rs`: glibc's
+//! allocator by its own names, never a `malloc` the program defines), each
+//! with the reason it is sound.
 
+mod alloc;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod dlsym;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -42,10 +44,11 @@ extern "C" fn constructor() {
 /// audit module (`recorder/audit`) once the program's objects are loaded
 /// and relocated and libc's early initialisation is done, but before
 /// libc's constructor has set `environ`.  So the environment is set there
-/// first: `envp` if the caller passes it, else (the audit module, which
-/// has no libc, passes null) a copy read from `/proc/self/environ`, which
-/// at this point is the environment the process was started with.  libc's
-/// constructor then sets its own array.  Without it the libraries the
+/// first: `envp`, which the audit module finds after the loader's
+/// argument vector, else (null: a loader without `_dl_argv`) a copy read
+/// from `/proc/self/environ`, which at this point is the environment the
+/// process was started with — natively; under qemu-user it is qemu's.
+/// libc's constructor then sets its own array.  Without it the libraries the
 /// program links would run their constructors before this library's,
 /// with nothing patched yet.
 ///

@@ -49,6 +49,8 @@ struct Built {
     tracee: PathBuf,
     lib: PathBuf,
     nosites: PathBuf,
+    /// `rec_own_malloc.c`: its own lock-free malloc, with sites.
+    own_malloc: PathBuf,
     /// `rec_abi.c` with `tests/c/tracee_abi.c` (sites) and `abi_driver.c`.
     abi: PathBuf,
     /// `rec_ctor.c`, linked with `rec_ctor_lib.c`'s library.
@@ -104,6 +106,7 @@ fn built() -> &'static Built {
             tracee: out.join("rec_tracee"),
             lib: out.join("librec_lib.so"),
             nosites: out.join("rec_nosites"),
+            own_malloc: out.join("rec_own_malloc"),
             abi: out.join("rec_abi"),
             ctor: out.join("rec_ctor"),
             ctor_lib: out.join("librec_ctor.so"),
@@ -138,6 +141,7 @@ fn built() -> &'static Built {
         ]
         .concat());
         cc([common.clone(), vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
+        cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.own_malloc), s("rec_own_malloc.c")]].concat());
         cc([common.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&b.slow_audit), s("rec_slow_startup_audit.c")]].concat());
         let ctor_lib = b.ctor_lib.clone();
         cc([common.clone(), site.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&ctor_lib), s("rec_ctor_lib.c")]].concat());
@@ -295,36 +299,43 @@ fn record(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Outpu
 
 /// The command [`record`] runs: the program with the recorder preloaded
 /// and, as `ftramp record` does, the audit module (unless `env` sets
-/// `LD_AUDIT`, to empty for none).
+/// `LD_AUDIT`, to empty for none).  Under qemu-user the recorder's options
+/// go to the guest alone (`-E`), as in the README's command: qemu's own
+/// environment is not the guest's, and `/proc/self/environ` in the guest
+/// shows qemu's (the recorder once read its options there and found none).
 fn record_command(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
     let ld_audit = match env.iter().find(|(k, _)| *k == "LD_AUDIT") {
         Some((_, v)) => v.to_string(),
         None => audit().display().to_string(),
     };
+    let dir = dir.display().to_string();
+    let options = [("FTRAMP_RECORD_DIR", dir.as_str())].into_iter().chain(env.iter().copied().filter(|(k, _)| *k != "LD_AUDIT"));
     let mut c = match qemu() {
         None => {
             let mut c = Command::new(prog);
-            c.env("LD_PRELOAD", preload()).env("LD_AUDIT", &ld_audit);
+            c.env("LD_PRELOAD", preload()).env("LD_AUDIT", &ld_audit).envs(options);
             c
         }
         Some(q) => {
-            // The preload and the audit module for the guest only (qemu's
-            // own loader would refuse a foreign-arch library); the rest of
-            // the environment reaches the guest as it is.
+            // The preload, the audit module (qemu's own loader would
+            // refuse a foreign-arch library) and the options for the guest
+            // only; the rest of the environment reaches the guest as it is.
             let mut c = Command::new(&q[0]);
             c.args(&q[1..])
                 .arg("-E")
                 .arg(format!("LD_PRELOAD={}", preload().display()))
                 .arg("-E")
-                .arg(format!("LD_AUDIT={ld_audit}"))
-                .arg(prog)
-                .env_remove("LD_PRELOAD")
-                .env_remove("LD_AUDIT");
+                .arg(format!("LD_AUDIT={ld_audit}"));
+            for (k, v) in options {
+                c.arg("-E").arg(format!("{k}={v}"));
+            }
+            c.arg(prog).env_remove("LD_PRELOAD").env_remove("LD_AUDIT");
             c
         }
     };
-    c.args(args).env("FTRAMP_RECORD_DIR", dir);
+    c.args(args);
     for k in [
+        "FTRAMP_RECORD_DIR",
         "FTRAMP_TRACER",
         "FTRAMP_FILTER",
         "FTRAMP_NOTRACE",
@@ -335,10 +346,9 @@ fn record_command(dir: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) 
         "FTRAMP_BUFFERS",
         "FTRAMP_RECORD_PID",
     ] {
-        c.env_remove(k);
-    }
-    for (k, v) in env.iter().filter(|(k, _)| *k != "LD_AUDIT") {
-        c.env(k, v);
+        if qemu().is_some() || !env.iter().any(|(e, _)| *e == k) && k != "FTRAMP_RECORD_DIR" {
+            c.env_remove(k);
+        }
     }
     c
 }
@@ -1361,6 +1371,39 @@ fn a_filter_naming_only_functions_of_a_later_library_records_them_quietly() {
             assert_eq!(count(&got, "ctorlib_step"), both(9), "{tracer}, {who}: {got:?}");
             assert!(got.keys().all(|f| f.starts_with("ctorlib_")), "{tracer}, {who}: only the filter's functions: {got:?}");
         }
+    }
+}
+
+/// A program that defines its own `malloc` family (bash does: an
+/// allocator without locks, for its one thread) never has the recorder's
+/// threads in it while it is there itself, nor calling it while `main`
+/// runs — two threads in it could corrupt the program's heap — and none of
+/// the recorder's own allocations are recorded as the program's calls
+/// (before, its ~11 000 `free` calls before `main` were in bash's trace,
+/// and calls on its helper threads).  The recorder allocates from glibc by
+/// glibc's own names (`alloc.rs`); the few calls the start of a helper
+/// thread makes (Rust's thread start registering its thread-local
+/// destructors through libc) happen while the thread that spawns it waits.
+#[test]
+fn the_recorder_never_calls_the_programs_own_malloc() {
+    let b = built();
+    for tracer in ["function_graph", "function"] {
+        let dir = trace_dir(&format!("own-malloc-{tracer}"), tracer);
+        let out = record(&dir, &b.own_malloc, &[], &[("FTRAMP_TRACER", tracer)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{tracer}: {stderr}");
+        let c = &counters(&out.stdout)[0];
+        assert_eq!((c["foreign_in_main"], c["overlaps"]), (0, 0), "{tracer}: the recorder's threads called the program's allocator");
+        let t = open(&dir);
+        let p = &t.processes[0];
+        let on_other_threads: Vec<(u32, usize)> = p.threads.iter().filter(|th| th.tid != p.pid).map(|th| (th.tid, th.events.len())).collect();
+        assert!(on_other_threads.iter().all(|&(_, n)| n == 0), "{tracer}: calls recorded on threads the program does not have: {on_other_threads:?}");
+        let got = per_function(p);
+        assert_eq!(count(&got, "work").0, 1000, "{tracer}: {got:?}");
+        let calls: u64 = ["malloc", "free", "calloc", "realloc"].iter().map(|f| count(&got, f).0).sum();
+        // main's own, plus the few libc makes around it (stdio's buffer).
+        let own = c["allocations"];
+        assert!(own >= 2000 && calls >= own && calls <= own + 20, "{tracer}: {calls} allocator calls recorded, the program made {own} in main: {got:?}");
     }
 }
 

@@ -444,7 +444,17 @@ pub fn shadow_stack_enabled() -> bool {
 /// on the main thread's stack).  The mask is set in the spawning thread
 /// around the spawn, so the new thread starts with it: no signal can reach
 /// it before it runs.
-pub fn spawn_helper<F, T>(name: &str, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
+///
+/// A bare `pthread_create`, not `std::thread`: Rust's thread start
+/// registers thread-local destructors through libc's
+/// `__cxa_thread_atexit_impl`, which allocates with the `calloc` the
+/// program links — a program's own allocator (bash's, made for one thread,
+/// without locks) then ran on the helper while the program's thread was in
+/// it too, and the calls were traced as the program's.  Here the thread
+/// runs `f` at once (it marks itself a helper first), with a 2 MiB stack
+/// as `std::thread`'s, and a panic in `f` ends only the thread (it is the
+/// `Err` of [`HelperThread::join`]).
+pub fn spawn_helper<F, T>(name: &str, f: F) -> std::io::Result<HelperThread<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
@@ -467,15 +477,81 @@ where
     // The main thread's stat file is opened now, while the program is
     // (for the recorder) not running yet (see `main_thread_state`).
     let _ = main_thread_state();
-    let r = std::thread::Builder::new().name(name.into()).spawn(move || {
+    let result: std::sync::Arc<std::sync::Mutex<Option<std::thread::Result<T>>>> = Default::default();
+    let out = result.clone();
+    let body: Box<dyn FnOnce() + Send> = Box::new(move || {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         add_helper(std::process::id(), tid);
-        f()
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
     });
+    let r = start_thread(body);
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    r
+    let thread = r?;
+    if let Ok(name) = std::ffi::CString::new(name.chars().take(15).collect::<String>()) {
+        // SAFETY: a live thread (joinable until `HelperThread` is dropped
+        // or joined) and a NUL-terminated name of at most 15 bytes.
+        unsafe { libc::pthread_setname_np(thread, name.as_ptr()) };
+    }
+    Ok(HelperThread { thread: Some(thread), result })
+}
+
+/// `pthread_create` of a thread that runs `body`, with a 2 MiB stack.
+fn start_thread(body: Box<dyn FnOnce() + Send>) -> std::io::Result<libc::pthread_t> {
+    extern "C" fn run(arg: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: `arg` is the `Box<Box<dyn FnOnce>>` that `start_thread`
+        // leaked for this thread alone.
+        let body = unsafe { Box::from_raw(arg as *mut Box<dyn FnOnce() + Send>) };
+        // (A panic is caught inside `body`; none may leave this C frame.)
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+        std::ptr::null_mut()
+    }
+    let arg = Box::into_raw(Box::new(body));
+    // SAFETY: attr is initialised before use and destroyed after;
+    // pthread_create gets a C start routine and the leaked box, which the
+    // thread takes back (or, if the thread is not created, we do).
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setstacksize(&mut attr, 2 << 20);
+        let mut thread: libc::pthread_t = std::mem::zeroed();
+        let e = libc::pthread_create(&mut thread, &attr, run, arg as *mut libc::c_void);
+        libc::pthread_attr_destroy(&mut attr);
+        if e != 0 {
+            drop(Box::from_raw(arg));
+            return Err(std::io::Error::from_raw_os_error(e));
+        }
+        Ok(thread)
+    }
+}
+
+/// A helper thread of [`spawn_helper`]: detached when dropped, or joined.
+pub struct HelperThread<T> {
+    thread: Option<libc::pthread_t>,
+    result: std::sync::Arc<std::sync::Mutex<Option<std::thread::Result<T>>>>,
+}
+
+impl<T> HelperThread<T> {
+    /// Waits for the thread to end: what `f` returned, or its panic.
+    pub fn join(mut self) -> std::thread::Result<T> {
+        if let Some(t) = self.thread.take() {
+            // SAFETY: a joinable thread, joined once (taken out of self).
+            unsafe { libc::pthread_join(t, std::ptr::null_mut()) };
+        }
+        let r = self.result.lock().unwrap_or_else(|e| e.into_inner()).take();
+        r.unwrap_or_else(|| Err(Box::new("the helper thread ended without a result")))
+    }
+}
+
+impl<T> Drop for HelperThread<T> {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            // SAFETY: a joinable thread, not joined (taken out of self).
+            unsafe { libc::pthread_detach(t) };
+        }
+    }
 }
 
 /// Whether the calling thread is one of this process's helper threads

@@ -26,9 +26,13 @@
 //! from `la_objopen`) and looking the symbol up in each object's GNU hash
 //! table; `dlsym` is not used there (glibc's `dlsym` crashes when an audit
 //! module calls it from `la_activity` at start-up).  Having no libc, it
-//! has no `environ` to hand on: the preload reads the environment from
-//! `/proc/self/environ` (the program's libc sets its own `environ` only in
-//! its constructor, after this point).
+//! has no `environ` to hand on, and the program's libc sets its own only
+//! in its constructor, after this point: it finds the environment where
+//! the kernel put it, after the argument vector that the loader keeps in
+//! `_dl_argv`, looked up the same way in the loader's own symbols.  (Not
+//! `/proc/self/environ`, which the preload read at first: under qemu-user
+//! that is qemu's environment, not the program's, and options given to
+//! the program alone, `qemu -E FTRAMP_RECORD_DIR=…`, were not seen.)
 //!
 //! The same checkpoint comes again inside every `dlopen` that loads
 //! something (`LA_ACT_ADD`, then `LA_ACT_CONSISTENT` once the new objects
@@ -93,6 +97,10 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
         core::hint::spin_loop();
     }
 }
+
+/// The loader's argument vector (`char **`; a `GLIBC_PRIVATE` symbol of
+/// `ld.so`, as old as the loader): the environment follows its NULL.
+const DL_ARGV: &[u8] = b"_dl_argv";
 
 /// The symbol the preload exports for an early start.
 const EARLY_START: &[u8] = b"ftramp_recorder_early_start";
@@ -202,17 +210,51 @@ unsafe fn start() {
             if let Some(hook) = unsafe { lookup(&*map, OBJECTS_ADDED) } {
                 ADDED_HOOK.store(hook, Relaxed);
             }
+            // SAFETY: the loader's list, as above.
+            let envp = unsafe { initial_envp(HEAD.load(Relaxed)) };
             // SAFETY: the preload defines this symbol as
-            // `extern "C" fn(*const *const c_char)`; null says that it
-            // finds the environment itself (this module has no libc).
+            // `extern "C" fn(*const *const c_char)`, taking the process's
+            // environment or null (then it finds it itself).
             unsafe {
                 let start: unsafe extern "C" fn(*const *const c_char) = core::mem::transmute(addr);
-                start(core::ptr::null());
+                start(envp);
             }
             return;
         }
         map = next;
     }
+}
+
+/// The environment the process started with: the array the kernel put
+/// on the initial stack right after the argument vector's NULL, found
+/// through the loader's `_dl_argv`.  Null if no object on the list from
+/// `map` defines that symbol.
+///
+/// # Safety
+/// `map` is null or the head of the loader's list, which the loader holds.
+unsafe fn initial_envp(mut map: *const LinkMap) -> *const *const c_char {
+    while !map.is_null() {
+        // SAFETY: a loaded object of the loader's list.
+        if let Some(addr) = unsafe { lookup(&*map, DL_ARGV) } {
+            // SAFETY: `_dl_argv` is the loader's `char **`, set before it
+            // loads audit modules, to the NULL-terminated argument vector
+            // on the initial stack, which the environment's NULL-terminated
+            // vector follows.
+            unsafe {
+                let mut p = *(addr as *const *const *const c_char);
+                if p.is_null() {
+                    return core::ptr::null();
+                }
+                while !(*p).is_null() {
+                    p = p.add(1);
+                }
+                return p.add(1);
+            }
+        }
+        // SAFETY: as above.
+        map = unsafe { (*map).l_next };
+    }
+    core::ptr::null()
 }
 
 /// Whether the NUL-terminated string at `p` is `want`, compared byte by
