@@ -168,17 +168,17 @@ mod tests {
                 // size and freed with its layout.
                 unsafe {
                     let z = h.alloc_zeroed(l);
-                    assert!(!z.is_null() && z as usize % align == 0, "{size}/{align}");
+                    assert!(!z.is_null() && (z as usize).is_multiple_of(align), "{size}/{align}");
                     assert!((0..size).all(|i| *z.add(i) == 0), "{size}/{align} zeroed");
                     h.dealloc(z, l);
                     let mut p = h.alloc(l);
-                    assert!(!p.is_null() && p as usize % align == 0, "{size}/{align}");
+                    assert!(!p.is_null() && (p as usize).is_multiple_of(align), "{size}/{align}");
                     for i in 0..size {
                         *p.add(i) = i as u8;
                     }
                     for new_size in [size / 2 + 1, size * 3] {
                         let q = h.realloc(p, l, new_size);
-                        assert!(!q.is_null() && q as usize % align == 0, "{size}/{align} -> {new_size}");
+                        assert!(!q.is_null() && (q as usize).is_multiple_of(align), "{size}/{align} -> {new_size}");
                         assert!((0..size.min(new_size)).all(|i| *q.add(i) == i as u8), "{size}/{align} -> {new_size}");
                         let back = h.realloc(q, Layout::from_size_align(new_size, align).unwrap(), size);
                         assert!((0..size.min(new_size)).all(|i| *back.add(i) == i as u8));

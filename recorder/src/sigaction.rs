@@ -18,23 +18,67 @@
 //! other request goes to libc unchanged (`__sigaction`, and `bsd_signal`,
 //! glibc's `signal` under its other name, so that `siginterrupt` keeps its
 //! effect).  The older ways to set a disposition do the same: `ssignal`
-//! (glibc's `signal` under a third name), `sysv_signal` (to libc's
-//! `__sysv_signal` otherwise) and `sigset`, which has no other name in
-//! libc and is written here on [`sigaction`] as POSIX describes it (with
-//! `SIG_HOLD`).  All of them are async-signal-safe (system calls and one
-//! atomic), as `sigaction` and `signal` are: handlers call them.
+//! (glibc's `signal` under a third name), `sysv_signal` and `__sysv_signal`
+//! (what `signal` is in a program compiled as strict ISO C, `-std=c99`)
+//! and `sigset`, which are written here on [`sigaction`] as glibc and
+//! POSIX describe them (System V's one-shot handlers; `SIG_HOLD`).  All of
+//! them are async-signal-safe (system calls and atomics), as `sigaction`
+//! and `signal` are: handlers call them.
+//!
+//! A one-shot handler (`SA_RESETHAND`, as every System V `signal` sets)
+//! has the kernel reset the action to the real default when it delivers
+//! the signal, behind the interposer's back; the handler that then raises
+//! the signal again (zstd's, and any strict-C99 program's `signal(sig,
+//! SIG_DFL); raise(sig)`) killed the process with its trace unwritten.
+//! For the fatal signals such a handler is installed without the flag,
+//! behind [`reset_then_call`], which makes that reset itself — to the
+//! recorder's handler — and calls the program's; queries answer the
+//! program's action, flag included, and `SIG_DFL` after the reset.
 
 use crate::session::{is_fatal, on_fatal};
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::Relaxed};
 
 extern "C" {
     /// glibc's `sigaction`, under the name it also exports.
     fn __sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
     /// glibc's `signal` (BSD semantics), under its other name.
     fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
-    /// glibc's `sysv_signal` (System V semantics), under its other name.
-    fn __sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+}
+
+/// The program's one-shot handlers of the fatal signals, by signal number:
+/// the handler (0: none) and its flags as the program gave them.
+/// [`reset_then_call`] stands in for them.
+static ONE_SHOT: [(AtomicUsize, AtomicI32); 65] = [const { (AtomicUsize::new(0), AtomicI32::new(0)) }; 65];
+
+/// The recorder's stand-in for a program's one-shot handler of `sig`
+/// (installed without `SA_RESETHAND`, with `SA_SIGINFO`): makes the reset
+/// the kernel would have made at delivery — to the default action, which
+/// is the recorder's handler — and calls the program's handler as it asked
+/// to be called.
+extern "C" fn reset_then_call(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut std::ffi::c_void) {
+    let Some((h, flags)) = ONE_SHOT.get(sig as usize) else { return };
+    let (handler, flags) = (h.load(Relaxed), flags.load(Relaxed));
+    real_sigaction(sig, &flush_action(), std::ptr::null_mut());
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        return;
+    }
+    if flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the program installed this handler with SA_SIGINFO: it
+        // takes the kernel's three arguments, which we pass on.
+        let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut std::ffi::c_void) = unsafe { std::mem::transmute(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the program installed this handler without SA_SIGINFO:
+        // it takes the signal number.
+        let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(handler) };
+        f(sig);
+    }
+}
+
+/// Whether `handler` is [`reset_then_call`].
+fn is_one_shot_stand_in(handler: usize) -> bool {
+    handler == reset_then_call as *const () as usize
 }
 
 /// `SIG_HOLD` (`<signal.h>`, not in the libc crate): `sigset` blocks the
@@ -90,12 +134,21 @@ fn stands_in_for(sig: c_int) -> bool {
     STANDING_IN.load(Relaxed) && is_fatal(sig)
 }
 
-/// What the program sees where the recorder's handler is installed.
-fn as_seen(a: libc::sigaction) -> libc::sigaction {
+/// What the program sees of `sig`'s action `a`: `SIG_DFL` where the
+/// recorder's handler is installed, its own one-shot handler where
+/// [`reset_then_call`] stands in for it.
+fn as_seen(sig: c_int, a: libc::sigaction) -> libc::sigaction {
     if is_flush(a.sa_sigaction) {
         // SAFETY: sigaction is plain data; all-zero is SIG_DFL, no flags,
         // an empty mask.
         unsafe { std::mem::zeroed() }
+    } else if is_one_shot_stand_in(a.sa_sigaction) {
+        let mut seen = a;
+        if let Some((h, flags)) = ONE_SHOT.get(sig as usize) {
+            seen.sa_sigaction = h.load(Relaxed);
+            seen.sa_flags = flags.load(Relaxed);
+        }
+        seen
     } else {
         a
     }
@@ -111,9 +164,22 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old:
         return real_sigaction(sig, act, old);
     }
     let flush = flush_action();
+    let stand_in;
     // SAFETY: `act` is null or valid (the caller's contract).
     let act = match unsafe { act.as_ref() } {
         Some(a) if a.sa_sigaction == libc::SIG_DFL => &flush as *const libc::sigaction,
+        Some(a) if a.sa_flags & libc::SA_RESETHAND != 0 && a.sa_sigaction != libc::SIG_IGN && sig > 0 && (sig as usize) < ONE_SHOT.len() => {
+            // (The slot first: a signal delivered right after the install
+            // finds the handler it is to call.)
+            ONE_SHOT[sig as usize].0.store(a.sa_sigaction, Relaxed);
+            ONE_SHOT[sig as usize].1.store(a.sa_flags, Relaxed);
+            stand_in = libc::sigaction {
+                sa_sigaction: reset_then_call as *const () as usize,
+                sa_flags: (a.sa_flags & !libc::SA_RESETHAND) | libc::SA_SIGINFO,
+                ..*a
+            };
+            &stand_in as *const libc::sigaction
+        }
         _ => act,
     };
     // SAFETY: sigaction is plain data; all-zero is a valid value.
@@ -121,7 +187,7 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old:
     let r = real_sigaction(sig, act, &mut prev);
     if r == 0 && !old.is_null() {
         // SAFETY: `old` is valid (the caller's contract).
-        unsafe { old.write(as_seen(prev)) };
+        unsafe { old.write(as_seen(sig, prev)) };
     }
     r
 }
@@ -146,14 +212,40 @@ pub unsafe extern "C" fn ssignal(sig: c_int, handler: libc::sighandler_t) -> lib
     unsafe { signal(sig, handler) }
 }
 
-/// `sysv_signal(3)` as the program calls it.
+/// `sysv_signal(3)` as the program calls it: glibc's System V `signal`, a
+/// one-shot handler that does not block its signal (`SA_RESETHAND |
+/// SA_NODEFER`, an empty mask, no `SA_RESTART`), set through [`sigaction`].
+///
+/// # Safety
+/// As `sysv_signal` (any arguments).
+#[no_mangle]
+pub unsafe extern "C" fn sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    if handler == libc::SIG_ERR || sig < 1 || sig >= ONE_SHOT.len() as c_int {
+        // SAFETY: errno is this thread's.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        return libc::SIG_ERR;
+    }
+    // SAFETY: sigaction is plain data; all-zero is a valid value (an empty
+    // mask).
+    let (mut act, mut old): (libc::sigaction, libc::sigaction) = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = libc::SA_RESETHAND | libc::SA_NODEFER;
+    // SAFETY: our own action and `old`.
+    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}
+
+/// `__sysv_signal`: [`sysv_signal`] under the name `<signal.h>` gives
+/// `signal` in a program compiled as strict ISO C (`-std=c99`).
 ///
 /// # Safety
 /// As `sysv_signal`.
 #[no_mangle]
-pub unsafe extern "C" fn sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    // SAFETY: libc's own sysv_signal, with the caller's arguments.
-    set_handler(sig, handler, |s, h| unsafe { __sysv_signal(s, h) })
+pub unsafe extern "C" fn __sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's contract.
+    unsafe { sysv_signal(sig, handler) }
 }
 
 /// The `signal` family: a `SIG_DFL` request for a fatal signal installs
@@ -176,6 +268,8 @@ fn set_handler(
     };
     if is_flush(prev) {
         libc::SIG_DFL
+    } else if is_one_shot_stand_in(prev) {
+        ONE_SHOT.get(sig as usize).map_or(prev, |(h, _)| h.load(Relaxed))
     } else {
         prev
     }

@@ -1188,17 +1188,20 @@ fn abort_flushes_what_was_recorded() {
 }
 
 /// A program that catches SIGTERM, cleans up, restores the default action
-/// and raises it again (through `signal`, `sigaction`, `sysv_signal` or
-/// `sigset`) dies by it as untraced, with its events written: the default
+/// and raises it again (through `signal`, `sigaction`, `sysv_signal`,
+/// `sigset` or `__sysv_signal`, strict ISO C's `signal`), or whose
+/// one-shot handler (`SA_RESETHAND`) raises it again, dies by it as
+/// untraced, with its events written: the default
 /// action it asks for is the recorder's handler (which writes, restores
 /// the real default and re-raises), and a query (`sigaction`, `sigset`
 /// with `SIG_HOLD`) answers `SIG_DFL`.  Before, the restored default
 /// killed the process with every event unwritten (through `sysv_signal`
-/// and `sigset` until the twenty-first session).
+/// and `sigset` until the twenty-first session, `__sysv_signal` and
+/// one-shot handlers until the twenty-fourth).
 #[test]
 fn a_handler_that_restores_the_default_and_reraises_is_recorded() {
     let b = built();
-    for mode in ["reraise-signal", "reraise-sigaction", "reraise-sysv", "reraise-sigset"] {
+    for mode in ["reraise-signal", "reraise-sigaction", "reraise-sysv", "reraise-sigset", "reraise-c99", "reraise-resethand"] {
         let plain = run_untraced(&b.tracee, &[mode]);
         let (dir, out) = record_tracee(mode, "function_graph", &[mode], &[]);
         use std::os::unix::process::ExitStatusExt;
@@ -1212,10 +1215,13 @@ fn a_handler_that_restores_the_default_and_reraises_is_recorded() {
         assert_eq!(count(&got, "rec_after"), (10, 10), "{mode}: {got:?}");
         assert_eq!(count(&got, "rec_before"), (1, 1), "{mode}: {got:?}");
         let handler = mode.replace('-', "_").replacen("reraise", "rec_reraise", 1);
-        // sigset also unblocks the signal, so the raise ends the process
-        // inside the handler; the others leave it blocked until the
-        // handler returns.
-        let exits = if mode == "reraise-sigset" { 0 } else { 1 };
+        if mode == "reraise-c99" || mode == "reraise-resethand" {
+            assert!(String::from_utf8_lossy(&out.stdout).contains("one_shot_seen 1\n"), "{mode}: {}", String::from_utf8_lossy(&out.stdout));
+        }
+        // sigset unblocks the signal, and a System V handler (c99) does
+        // not block it, so the raise ends the process inside the handler;
+        // the others leave it blocked until the handler returns.
+        let exits = if mode == "reraise-sigset" || mode == "reraise-c99" { 0 } else { 1 };
         assert_eq!(count(&got, &handler), (1, exits), "{mode}: {got:?}");
         assert_eq!(count(&got, "main"), (1, 0), "{mode}");
     }

@@ -305,6 +305,25 @@ __attribute__((noinline)) void rec_reraise_sigset(int sig)
     raise(sig);
 }
 
+/* What signal() is in a program compiled as strict ISO C (-std=c99):
+ * glibc's System V signal, one-shot, the signal not blocked in the
+ * handler (zstd's abort handler re-raises so). */
+extern __sighandler_t __sysv_signal(int, __sighandler_t);
+__attribute__((noinline)) void rec_reraise_c99(int sig)
+{
+    rec_before();
+    __sysv_signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* A one-shot handler (SA_RESETHAND): the kernel restores the default
+ * action as it delivers the signal, so raising it again dies by it. */
+__attribute__((noinline)) void rec_reraise_resethand(int sig)
+{
+    rec_before();
+    raise(sig);
+}
+
 /* A pthread key destructor that calls traced functions at thread exit
  * (googletest's ThreadLocal deletes its values there). */
 static pthread_key_t dtor_key;
@@ -746,8 +765,25 @@ int main(int argc, char **argv)
         void (*h)(int) = !strcmp(mode, "reraise-signal")      ? rec_reraise_signal
                          : !strcmp(mode, "reraise-sigaction") ? rec_reraise_sigaction
                          : !strcmp(mode, "reraise-sysv")      ? rec_reraise_sysv
+                         : !strcmp(mode, "reraise-c99")       ? rec_reraise_c99
+                         : !strcmp(mode, "reraise-resethand") ? rec_reraise_resethand
                                                               : rec_reraise_sigset;
-        signal(SIGTERM, h);
+        if (!strcmp(mode, "reraise-c99")) {
+            __sysv_signal(SIGTERM, h);
+        } else if (!strcmp(mode, "reraise-resethand")) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = h;
+            sa.sa_flags = SA_RESETHAND;
+            sigaction(SIGTERM, &sa, NULL);
+        } else {
+            signal(SIGTERM, h);
+        }
+        /* The one-shot handlers as the program sees them installed. */
+        if (!strcmp(mode, "reraise-c99") || !strcmp(mode, "reraise-resethand")) {
+            sigaction(SIGTERM, NULL, &old);
+            printf("one_shot_seen %d\n", old.sa_handler == h && (old.sa_flags & SA_RESETHAND) != 0 && !(old.sa_flags & SA_SIGINFO));
+        }
         for (int i = 0; i < 10; i++)
             rec_after();
         counts();
