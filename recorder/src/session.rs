@@ -452,6 +452,8 @@ fn note_no_match_yet(opts: &Options) {
     if started_by_record(opts) {
         say(if opts.main_only {
             "no function of the main executable matches the filters: nothing is recorded"
+        } else if opts.filter.is_empty() {
+            "-N excludes every function loaded at start; functions of libraries loaded later that it does not exclude are recorded"
         } else {
             "no function loaded at start matches the filters; matching functions of libraries loaded later are recorded"
         });

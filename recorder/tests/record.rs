@@ -1413,6 +1413,22 @@ fn the_recorder_never_calls_the_programs_own_malloc() {
     }
 }
 
+/// `-N '*'` alone: the note says that -N excluded everything (it said
+/// that no function matched "the filters", which the user had not given),
+/// and nothing is recorded.
+#[test]
+fn a_notrace_that_excludes_everything_says_so() {
+    let b = built();
+    let dir = trace_dir("notrace-all", "function_graph");
+    let out = record(&dir, &b.own_malloc, &[], &[("FTRAMP_NOTRACE", "*")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("-N excludes every function loaded at start"), "{stderr}");
+    assert!(!stderr.contains("matches the filters"), "{stderr}");
+    let got = per_function(&open(&dir).processes[0]);
+    assert!(got.is_empty(), "{got:?}");
+}
+
 /// A program with no sites of its own (an interpreter, a plugin host) and
 /// no filters: the tracer is registered when a library with sites is
 /// loaded, at the program's first `dlsym` (or `dlclose`) after it, so that
