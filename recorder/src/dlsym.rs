@@ -104,7 +104,7 @@ fn sync_new_modules() {
     // Nothing registered for the engine to patch: the recorder looks for
     // a library with sites itself (and then registers the tracer).
     if crate::session::waiting_for_sites() {
-        on_program_thread(crate::session::name_new_sites);
+        on_program_thread(crate::session::name_new_sites_or_register);
         return;
     }
     if modules_handled() {

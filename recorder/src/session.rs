@@ -938,6 +938,16 @@ pub(crate) fn name_new_sites() {
     check_modules_waiting(250, Duration::from_micros(200));
 }
 
+/// [`name_new_sites`] while the tracer waits for a library with sites
+/// ([`WAITING_FOR_SITES`]): the writer may be registering it, holding the
+/// state, which takes longer than the patching `name_new_sites` waits for
+/// (a grace period; tens of milliseconds under qemu-user), so this waits
+/// up to 2 s — the calls the program makes through what its `dlsym`
+/// returns are to be recorded.
+pub(crate) fn name_new_sites_or_register() {
+    check_modules_waiting(10_000, Duration::from_micros(200));
+}
+
 /// [`name_new_sites`] inside the loader, in the middle of a `dlopen` (the
 /// audit module's hook), waiting at most 100 ms for the writer (which
 /// never waits for the loader while it holds the state).
