@@ -429,7 +429,8 @@ impl Trace {
         }
 
         let info_path = dir.join("info");
-        let info = if info_path.exists() || tasks.is_empty() {
+        let mut info_missing = false;
+        let mut info = if info_path.exists() || tasks.is_empty() {
             match std::fs::read_to_string(&info_path) {
                 Ok(text) => parse_trace_info(&info_path, &text, &mut problems),
                 Err(_) if tasks.is_empty() => {
@@ -441,22 +442,24 @@ impl Trace {
                 }
                 Err(error) => {
                     problems.push(TraceError::Io {
-                        path: info_path,
+                        path: info_path.clone(),
                         error,
                     });
                     TraceInfo::default()
                 }
             }
         } else {
-            problems.push(TraceError::Invalid {
-                path: info_path,
-                what: "missing; tracer and command unknown (read as function_graph)".into(),
-            });
+            // Said below, with the tracer the images' own `.info` name.
+            info_missing = true;
             TraceInfo::default()
         };
 
         let mut processes = Vec::new();
         let mut uncalibrated = Vec::new();
+        // The tracer each image's `.info` names (the recorder writes it there
+        // too): the trace's, when there is no `info` (a recording made
+        // without `ftramp record`, as under qemu-user).
+        let mut image_tracers: Vec<String> = Vec::new();
         for (&(pid, image), have) in &tasks {
             let mut p = Process {
                 pid,
@@ -469,7 +472,12 @@ impl Trace {
             let mut start_ticks = None;
             let calibrated = if have[0] {
                 match std::fs::read_to_string(&info_file) {
-                    Ok(text) => parse_process_info(&info_file, &text, &mut p, &mut start_ticks, &mut problems),
+                    Ok(text) => {
+                        let mut tracer = None;
+                        let ok = parse_process_info(&info_file, &text, &mut p, &mut start_ticks, &mut tracer, &mut problems);
+                        image_tracers.extend(tracer);
+                        ok
+                    }
                     Err(error) => {
                         problems.push(TraceError::Io {
                             path: info_file,
@@ -504,6 +512,23 @@ impl Trace {
                 uncalibrated.push(processes.len());
             }
             processes.push((p, have[2], start_ticks));
+        }
+
+        if info_missing {
+            image_tracers.sort();
+            image_tracers.dedup();
+            let what = match image_tracers.as_slice() {
+                [t] if matches!(t.as_str(), "function_graph" | "function") => {
+                    info.tracer = t.clone();
+                    format!("missing; command unknown (tracer {t}, as the images' .info say)")
+                }
+                [] => "missing; tracer and command unknown (read as function_graph)".to_string(),
+                several => format!(
+                    "missing; command unknown, and the images' .info name tracers {} (read as function_graph)",
+                    several.join(", ")
+                ),
+            };
+            problems.push(TraceError::Invalid { path: info_path, what });
         }
 
         // The run's calibration, when `ftramp record` wrote one, is every
@@ -755,6 +780,7 @@ fn parse_process_info(
     text: &str,
     p: &mut Process,
     start_ticks: &mut Option<u64>,
+    tracer: &mut Option<String>,
     problems: &mut Vec<TraceError>,
 ) -> bool {
     let t = parse_toml_lenient(path, text, problems);
@@ -804,6 +830,7 @@ fn parse_process_info(
                 None => bad(problems, k, v),
             },
             "exit" => p.exit = Some(value_str(v)),
+            "tracer" => *tracer = Some(value_str(v)),
             "start_ticks" => match num {
                 Some(n) => *start_ticks = Some(n),
                 None => bad(problems, k, v),

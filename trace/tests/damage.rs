@@ -324,6 +324,33 @@ fn missing_or_bad_info() {
     assert!(only_problem(&t)
         .ends_with("info: missing; tracer and command unknown (read as function_graph)"));
     assert!(t.info.has_exits());
+
+    // No trace-wide info, as a recording made without `ftramp record`
+    // (under qemu-user): the tracer the images' .info name is the trace's.
+    // Before, a `function` trace was read as function_graph (every call
+    // unfinished, nested ever deeper).
+    for (tracers, want, has_exits) in [
+        (["function", "function"], "tracer function, as the images' .info say", false),
+        (["function_graph", "function_graph"], "tracer function_graph, as the images' .info say", true),
+        (["function", "function_graph"], "the images' .info name tracers function, function_graph (read as function_graph)", true),
+    ] {
+        let dir = tempdir();
+        demo_trace(dir.path());
+        std::fs::remove_file(dir.path().join("info")).unwrap();
+        let infos: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "info"))
+            .collect();
+        assert_eq!(infos.len(), 2);
+        for (path, tracer) in infos.iter().zip(tracers) {
+            let text = std::fs::read_to_string(path).unwrap();
+            std::fs::write(path, format!("{text}tracer = \"{tracer}\"\n")).unwrap();
+        }
+        let t = open(dir.path()).unwrap();
+        assert!(only_problem(&t).contains(want), "{tracers:?}: {}", only_problem(&t));
+        assert_eq!(t.info.has_exits(), has_exits, "{tracers:?}");
+    }
 }
 
 #[test]
