@@ -199,6 +199,18 @@ pub fn report(a: ReportArgs) -> Result<()> {
 }
 
 pub fn dump(a: DumpArgs) -> Result<()> {
+    // `ftramp dump --chrome out.json` reads `out.json` as the trace
+    // directory: say what was probably meant.
+    if let Some(p) = a.source.trace_dir.as_deref().filter(|p| !p.exists()) {
+        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+        if matches!(ext, "json" | "svg" | "folded" | "txt" | "html") {
+            bail!(
+                "{} is no trace directory (the positional argument names the trace); to write the output to it, use -o {}",
+                p.display(),
+                p.display()
+            );
+        }
+    }
     let t = a.source.open()?;
     let select = a.source.select();
     if a.chrome {

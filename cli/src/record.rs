@@ -431,6 +431,9 @@ pub fn run(a: RecordArgs) -> Result<i32> {
             if running.is_empty() { String::new() } else { format!(": {}", pid_list(&running)) }
         );
     }
+    for note in loss_notes(&summary) {
+        eprintln!("ftramp record: {note}");
+    }
     eprintln!(
         "ftramp record: {} process image{} recorded in {}{}",
         summary.images,
@@ -569,6 +572,9 @@ struct Summary {
     images: usize,
     sites: u64,
     lost: u64,
+    /// Per cause (the `.info` keys the recorder writes for this summary),
+    /// the total and the pids of the images that had some.
+    causes: [(u64, Vec<u32>); 4],
     /// Images (pid, image number) whose `.info` has no `exit` line.
     unfinished: Vec<(u32, u32)>,
     /// Some `.dat` holds an event (or cannot be read as empty).
@@ -604,6 +610,7 @@ fn summarize(dir: &Path) -> Summary {
         images: 0,
         sites: 0,
         lost: 0,
+        causes: Default::default(),
         unfinished: Vec::new(),
         events: false,
     };
@@ -631,12 +638,59 @@ fn summarize(dir: &Path) -> Summary {
         let num = |key| values(key).find_map(|v| v.parse::<u64>().ok()).unwrap_or(0);
         s.sites += num("sites");
         s.lost += num("lost");
+        for (key, (total, pids)) in LOSS_CAUSES.iter().zip(&mut s.causes) {
+            let n = num(key);
+            if n > 0 {
+                *total += n;
+                if !pids.contains(&pid) {
+                    pids.push(pid);
+                }
+            }
+        }
         if values("exit").next().is_none() {
             s.unfinished.push((pid, n));
         }
     }
     s.unfinished.sort();
     s
+}
+
+/// The `.info` keys of the causes of loss, in [`Summary::causes`]' order.
+const LOSS_CAUSES: [&str; 4] = ["lost_buffers", "lost_late", "missed_depth", "missed_nested"];
+
+/// What `ftramp record` says at the end about the events and calls its
+/// images could not record, one line per cause (the recorder writes the
+/// counts into each image's `.info` and says nothing in the program's
+/// stderr under `ftramp record`).
+fn loss_notes(s: &Summary) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (i, (n, pids)) in s.causes.iter().enumerate() {
+        if *n == 0 {
+            continue;
+        }
+        let mut sorted = pids.clone();
+        sorted.sort_unstable();
+        const SHOWN: usize = 5;
+        let shown: Vec<String> = sorted.iter().take(SHOWN).map(u32::to_string).collect();
+        let r#in = match sorted.len() {
+            1 => format!("in pid {}", shown[0]),
+            k if k <= SHOWN => format!("in pids {}", shown.join(", ")),
+            k => format!("in pids {} and {} more", shown.join(", "), k - SHOWN),
+        };
+        notes.push(match i {
+            0 => format!("{n} events lost {in} (buffers full); try a larger --buffer-size or --buffers"),
+            1 => format!(
+                "at least {n} events not written {in}: traced functions were called after the process's final flush, \
+                 while it was ending (by other threads, or by signal handlers)"
+            ),
+            2 => format!(
+                "{n} calls not recorded {in} (nested deeper than the {} frames a shadow stack holds)",
+                ftramp_recorder::session::SHADOW_STACK_FRAMES
+            ),
+            _ => format!("{n} calls not recorded {in} (made by signal handlers that interrupted the recorder)"),
+        });
+    }
+    notes
 }
 
 fn no_sites_advice(prog: &Path) -> String {

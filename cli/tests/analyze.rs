@@ -110,6 +110,12 @@ fn the_trace_directory_can_be_named_without_d() {
     let o = ftramp(&["report", "-d", d(other.path()), d(dir.path())]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("cannot be used with"), "{}", text(&o.stderr));
+    // An output file named where the trace goes: told to use -o.
+    let o = ftramp(&["dump", "--chrome", "out.json", "-d", d(dir.path())]);
+    assert_eq!(o.status.code(), Some(2), "both a directory and -d: {}", text(&o.stderr));
+    let o = ftramp(&["dump", "--chrome", "out.json"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("out.json is no trace directory (the positional argument names the trace); to write the output to it, use -o out.json"), "{}", text(&o.stderr));
     let missing = dir.path().join("none");
     let o = ftramp(&["replay", d(&missing)]);
     assert_eq!(o.status.code(), Some(1));

@@ -301,6 +301,31 @@ fn dir_flag_is_the_same_as_for_replay() {
 
 /// A filter under which no call was recorded is said at the end (a typo,
 /// or a demangled-looking glob); a filter that matched says nothing.
+/// Events a process could not record are said once, by `ftramp record` at
+/// the end, per cause and with the processes' pids, from the counts each
+/// image's `.info` holds — not by the recorder into the process's stderr,
+/// where a parent reading it (a shell's command substitution, a build
+/// reading a compiler) got the notes in the program's output: bash's own
+/// tests failed traced for that alone.
+#[test]
+fn losses_are_summarised_by_record_not_written_into_the_programs_stderr() {
+    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-loss-child");
+    compile(&["-O2"], &exe, &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/loss_child.c"), &[]);
+    let d = dir("loss-child");
+    let o = record(&d, &["--buffer-size", "4K", "--buffers", "2"], &exe, &[]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "[child done 200000\n] status 0\n", "{err}");
+    let t = Trace::open(&d).unwrap();
+    let child = t.processes.iter().find(|p| p.args.last().is_some_and(|a| a == "child")).expect("the child's image");
+    assert!(t.processes.iter().all(|p| p.pid == child.pid || p.lost == 0), "only the child loses events");
+    assert!(child.lost > 0, "small buffers lose some of 400000 events");
+    let line = format!("ftramp record: {} events lost in pid {} (buffers full)", child.lost, child.pid);
+    assert_eq!(err.matches("events lost").count(), 2, "once per cause, and the total: {err}");
+    assert!(err.contains(&line), "{line} in {err}");
+    assert!(err.contains(&format!("({} events lost, see above)", t.processes.iter().map(|p| p.lost).sum::<u64>())), "{err}");
+}
+
 #[test]
 fn a_filter_that_recorded_nothing_is_reported() {
     let said = "no call of a function matching the filters was recorded (-F rec_nosuch*)";

@@ -42,6 +42,10 @@ static OPTIONS: OnceLock<Options> = OnceLock::new();
 /// Shadow-stack size per thread, in words (a frame takes 5 or more).
 const SHADOW_STACK_WORDS: usize = 16 << 10;
 
+/// The frames a shadow stack of [`SHADOW_STACK_WORDS`] holds (five words
+/// each): deeper calls are not recorded, and counted.
+pub const SHADOW_STACK_FRAMES: usize = SHADOW_STACK_WORDS / 5;
+
 /// What the writer thread and fork/dlopen handling share.
 struct State {
     disc: Discovery,
@@ -832,7 +836,11 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
         }
     }
     let mut b = StackBuf::new();
-    let _ = writeln!(b, "lost = {lost}");
+    // The causes, for `ftramp record`'s summary (the readers ignore them).
+    let _ = writeln!(
+        b,
+        "lost_buffers = {dropped}\nlost_late = {late_at_flush}\nmissed_depth = {missed}\nmissed_nested = {nested}\nlost = {lost}"
+    );
     let exit_at = INFO.size().map_or(0, |size| size + b.bytes().len() as u64);
     let _ = match ending {
         Ending::Code(c) => writeln!(b, "exit = \"code {c}\""),
@@ -845,7 +853,13 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     // child that forks and execs would otherwise report nothing.)
     tracefile::report_failures(pid);
     tracefile::reset_failures();
-    if dropped > 0 && !matches!(ending, Ending::Exec) {
+    // Under `ftramp record`, which sums these from every image's `.info`
+    // at the end, nothing is said here: this is the program's stderr, and a
+    // process its parent reads (a shell's command substitution, a build's
+    // compiler) had the notes in its output.  Without it they are the only
+    // report.
+    let say_here = !matches!(ending, Ending::Exec) && OPTIONS.get().is_some_and(|o| o.record_pid.is_none());
+    if dropped > 0 && say_here {
         let mut m = StackBuf::new();
         let _ = writeln!(
             m,
@@ -853,25 +867,24 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
         );
         pool::write_all(2, m.bytes());
     }
-    if late_at_flush > 0 && !matches!(ending, Ending::Exec) {
+    if late_at_flush > 0 && say_here {
         let mut m = StackBuf::new();
         let _ = writeln!(
             m,
-            "ftramp record: pid {pid}: at least {late_at_flush} events not written: other threads went on calling traced \
-             functions after the process's final flush, while it was ending"
+            "ftramp record: pid {pid}: at least {late_at_flush} events not written: traced functions were called after the \
+             process's final flush, while it was ending (by other threads, or by signal handlers)"
         );
         pool::write_all(2, m.bytes());
     }
-    if missed > 0 && !matches!(ending, Ending::Exec) {
+    if missed > 0 && say_here {
         let mut m = StackBuf::new();
         let _ = writeln!(
             m,
-            "ftramp record: pid {pid}: {missed} calls not recorded (nested deeper than the {} frames a shadow stack holds)",
-            SHADOW_STACK_WORDS / 5
+            "ftramp record: pid {pid}: {missed} calls not recorded (nested deeper than the {SHADOW_STACK_FRAMES} frames a shadow stack holds)"
         );
         pool::write_all(2, m.bytes());
     }
-    if nested > 0 && !matches!(ending, Ending::Exec) {
+    if nested > 0 && say_here {
         let mut m = StackBuf::new();
         let _ = writeln!(
             m,

@@ -1095,7 +1095,7 @@ fn crash_flushes_every_threads_events() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("buffers full"), "round {round}: {stderr}");
         assert!(
-            p.lost == 0 || stderr.contains(&format!("at least {} events not written: other threads went on calling traced functions after", p.lost)),
+            p.lost == 0 || stderr.contains(&format!("at least {} events not written: traced functions were called after", p.lost)),
             "round {round}: lost {}: {stderr}",
             p.lost
         );

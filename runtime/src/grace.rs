@@ -741,9 +741,9 @@ pub fn synchronize_timeout(code_ranges: &[Range<usize>], timeout: Duration) -> G
 }
 
 fn list_threads(me: i32) -> Result<Vec<i32>, GraceResult> {
-    let dir = std::fs::read_dir("/proc/self/task")
+    let tasks = crate::thread::task_ids()
         .map_err(|e| GraceResult::Failed { call: "read /proc/self/task", errno: e.raw_os_error().unwrap_or(0) })?;
-    let mut tids: Vec<i32> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&t| t != me).collect();
+    let mut tids: Vec<i32> = tasks.into_iter().filter(|&t| t != me).collect();
     tids.sort_unstable();
     tids.dedup();
     Ok(tids)

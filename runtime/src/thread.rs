@@ -673,6 +673,51 @@ fn main_thread_state() -> Option<u8> {
     text[after + 1..].iter().copied().find(|b| !b.is_ascii_whitespace())
 }
 
+/// The ids of this process's threads (`/proc/self/task`), read with
+/// `getdents64` into a buffer of our own: `std::fs::read_dir` goes through
+/// libc's `opendir`, which allocates with the `malloc` the program links —
+/// a program's own allocator, made for its one thread (bash's), then ran
+/// on a helper thread beside the program's.  Unsorted.
+pub(crate) fn task_ids() -> std::io::Result<Vec<i32>> {
+    // SAFETY: open of a NUL-terminated path; the descriptor is ours and
+    // closed below.
+    let fd = unsafe { libc::open(c"/proc/self/task".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut ids = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let result = loop {
+        // SAFETY: getdents64 fills at most `buf.len()` bytes of our buffer
+        // with whole `linux_dirent64` records.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+        if n < 0 {
+            break Err(std::io::Error::last_os_error());
+        }
+        if n == 0 {
+            break Ok(());
+        }
+        let mut off = 0usize;
+        // Each record: d_ino (8), d_off (8), d_reclen (2), d_type (1),
+        // then the NUL-terminated name.
+        while off + 19 <= n as usize {
+            let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
+            if reclen == 0 || off + reclen > n as usize {
+                break;
+            }
+            let name = &buf[off + 19..off + reclen];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            if let Some(id) = std::str::from_utf8(name).ok().and_then(|s| s.parse::<i32>().ok()) {
+                ids.push(id);
+            }
+            off += reclen;
+        }
+    };
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    result.map(|()| ids)
+}
+
 /// Ends the process with `exit(0)` when the program's threads are all gone
 /// but the helpers keep it alive: its main thread called `pthread_exit`
 /// and the others ended since. glibc ends a process with `exit(0)` when
@@ -694,12 +739,9 @@ pub fn exit_if_only_helpers_remain() {
     if main_thread_state() != Some(b'Z') {
         return;
     }
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return };
+    let Ok(tasks) = task_ids() else { return };
     let helpers: Vec<i32> = HELPERS.iter().map(|h| h.load(Acquire)).filter(|&h| (h >> 32) as u32 == pid).map(|h| h as u32 as i32).collect();
-    let only_helpers = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&t| t != pid as i32)
-        .all(|t| helpers.contains(&t));
+    let only_helpers = tasks.into_iter().filter(|&t| t != pid as i32).all(|t| helpers.contains(&t));
     if only_helpers && !EXITING.swap(true, SeqCst) {
         // SAFETY: exit runs the program's atexit handlers and ends the
         // process, as glibc does when the last thread ends; no program
@@ -753,6 +795,34 @@ mod tests {
     /// Helpers block the program's signals (so a process-directed one goes
     /// to the program's threads), but not the grace signal; the spawning
     /// thread's mask is left as it was.
+    /// `task_ids` lists this process's threads: the ones a test starts are
+    /// there while they run, and so is the calling thread.
+    #[test]
+    fn task_ids_lists_the_threads() {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let ready = ready_tx.clone();
+                std::thread::spawn(move || {
+                    // SAFETY: gettid has no preconditions.
+                    ready.send(unsafe { libc::gettid() }).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                })
+            })
+            .collect();
+        let started: Vec<i32> = (0..3).map(|_| ready_rx.recv().unwrap()).collect();
+        let ids = task_ids().unwrap();
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        assert!(ids.contains(&me), "{ids:?}");
+        for t in &started {
+            assert!(ids.contains(t), "{t} in {ids:?}");
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
     #[test]
     fn helpers_start_with_the_programs_signals_blocked() {
         let mask = || {

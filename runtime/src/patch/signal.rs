@@ -266,9 +266,9 @@ pub(crate) fn evacuate() -> Result<usize, RuntimeError> {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     let me = gettid();
-    let dir = std::fs::read_dir("/proc/self/task").map_err(|err| RuntimeError::Os { call: "read /proc/self/task", err })?;
-    let mut tids: Vec<i32> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+    let tasks = crate::thread::task_ids().map_err(|err| RuntimeError::Os { call: "read /proc/self/task", err })?;
+    let mut tids: Vec<i32> = tasks
+        .into_iter()
         .filter(|&t| t != me)
         .filter(|&t| matches!(thread_state(t), ThreadState::Signal))
         .collect();
