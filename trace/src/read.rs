@@ -22,9 +22,10 @@
 //! chunks ([`Thread::lost_chunks`]) and shown where it happened ([`Thread::losses`]).
 
 use crate::format::{self, ChunkHeader, CHUNK_HEADER_SIZE, CHUNK_MAGIC, EVENT_SIZE};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A trace problem: the file, where in it, and what was wrong (and what was kept).
 #[derive(Debug, thiserror::Error)]
@@ -279,8 +280,10 @@ pub struct Process {
     pub forked_from: Option<(u32, u32)>,
     /// How the image ended (`code 0`, `signal 11 (SIGSEGV)`, `exec`...), when known.
     pub exit: Option<String>,
-    /// Sorted by id; ids are normally dense from 0.
-    pub symbols: Vec<Symbol>,
+    /// Sorted by id; ids are normally dense from 0.  Shared by the images
+    /// whose `.sym` files are the same (fork children write their parent's
+    /// table again: a trace of a shell had hundreds of copies, 310 KB each).
+    pub symbols: Arc<Vec<Symbol>>,
     pub threads: Vec<Thread>,
     /// Events lost (the `.info`'s `lost`, else the sum over threads).
     pub lost: u64,
@@ -460,6 +463,8 @@ impl Trace {
         // too): the trace's, when there is no `info` (a recording made
         // without `ftramp record`, as under qemu-user).
         let mut image_tracers: Vec<String> = Vec::new();
+        // The symbol tables read so far, by their files' bytes.
+        let mut sym_tables: HashMap<Vec<u8>, Arc<Vec<Symbol>>> = HashMap::new();
         for (&(pid, image), have) in &tasks {
             let mut p = Process {
                 pid,
@@ -496,7 +501,21 @@ impl Trace {
             let sym_file = file("sym");
             if have[1] {
                 match std::fs::read(&sym_file) {
-                    Ok(bytes) => p.symbols = parse_symbols(&sym_file, &bytes, &mut problems),
+                    Ok(bytes) => {
+                        p.symbols = match sym_tables.get(&bytes) {
+                            Some(t) => Arc::clone(t),
+                            None => {
+                                let before = problems.len();
+                                let t = Arc::new(parse_symbols(&sym_file, &bytes, &mut problems));
+                                // (A damaged file is parsed for each image, so that
+                                // each is named in its problems.)
+                                if problems.len() == before {
+                                    sym_tables.insert(bytes, Arc::clone(&t));
+                                }
+                                t
+                            }
+                        }
+                    }
                     Err(error) => problems.push(TraceError::Io {
                         path: sym_file,
                         error,

@@ -742,7 +742,8 @@ mod tests {
                     name: format!("f{id}"),
                     module: String::new(),
                 })
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
             ..Default::default()
         };
         let names = names_of(&p);

@@ -875,3 +875,30 @@ fn a_streamed_trace_of_many_processes_holds_no_files_open() {
     let main = text.lines().find(|l| l.ends_with("  main")).unwrap_or_else(|| panic!("{text}"));
     assert_eq!(main.split_whitespace().nth(4), Some(n.to_string().as_str()), "{n} calls of main: {text}");
 }
+
+/// Images whose `.sym` files are the same share one symbol table (a fork
+/// child writes its parent's again: a trace of a shell with 200 subshells
+/// took 72 MB and 0.58 s for `report`, now 9 MB and 0.03 s); a damaged file
+/// is still parsed, and named, for each image that has it.
+#[test]
+fn images_with_the_same_symbols_share_one_table() {
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let sym = |pid: u32| dir.path().join(ftramp_trace::format::task_file_name(pid, 0, "sym"));
+    std::fs::copy(sym(100), sym(102)).unwrap();
+    let t = Trace::open(dir.path()).unwrap();
+    let (a, b) = (&t.processes[0], &t.processes[1]);
+    assert!(std::sync::Arc::ptr_eq(&a.symbols, &b.symbols), "one table for both");
+    assert_eq!(a.symbols.len(), 5);
+    assert_eq!(a.func_name(1), b.func_name(1));
+    // The same damaged file in both: a problem named for each.
+    let text = std::fs::read_to_string(sym(100)).unwrap();
+    for pid in [100, 102] {
+        std::fs::write(sym(pid), format!("{text}garbage line\n")).unwrap();
+    }
+    let t = Trace::open(dir.path()).unwrap();
+    for pid in [100, 102] {
+        assert!(t.problems.iter().any(|p| p.to_string().contains(&sym(pid).display().to_string())), "{pid}: {:?}", t.problems);
+    }
+    assert!(!std::sync::Arc::ptr_eq(&t.processes[0].symbols, &t.processes[1].symbols));
+}
