@@ -323,8 +323,12 @@ pub fn process_line(p: &Process) -> String {
     if let Some((pid, n)) = p.forked_from {
         notes.push(format!("forked from {pid}-{n}"));
     }
-    if let Some(e) = &p.exit {
-        notes.push(format!("exit: {e}"));
+    match &p.exit {
+        Some(e) => notes.push(format!("exit: {e}")),
+        // The recorder writes the `exit` line as the image ends, whatever
+        // ends it but SIGKILL (or an exit system call made directly, or a
+        // process still running): its last events may be missing too.
+        None => notes.push("exit: not recorded (SIGKILL, or still running)".into()),
     }
     if p.lost > 0 {
         notes.push(format!("lost {} events", p.lost));

@@ -269,7 +269,7 @@ fn replay_function_tracer() {
         body(&text),
         "\
 #
-# process 7 image 0: /bin/demo x (lost 2 events)
+# process 7 image 0: /bin/demo x (exit: not recorded (SIGKILL, or still running); lost 2 events)
 
 # thread 7: lost 2 events
 #      TIMESTAMP      TID     FUNCTION
