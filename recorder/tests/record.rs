@@ -830,7 +830,14 @@ fn short_leaf_calls_take_one_word_and_long_ones_keep_their_time() {
     let leaves = leaf_words(&dir, p);
     // rec_leaf takes well under 2^16 ticks (a preempted call may not).
     assert!(leaves.get("rec_leaf").is_some_and(|&n| (4..=6).contains(&n)), "{leaves:?}");
-    assert_eq!(leaves.keys().collect::<Vec<_>>(), ["rec_leaf"], "no other call is a leaf");
+    // Calls with calls inside (rec_quick, rec_slow) and long ones (rec_spin)
+    // are never leaves.  (`counts`, a call with only libc's `printf` inside,
+    // is one when it is quick enough: it was not in a slower machine's runs,
+    // and this assertion once said "only rec_leaf".)
+    for f in ["rec_quick", "rec_slow", "rec_spin"] {
+        assert!(!leaves.contains_key(f), "{f} is no leaf: {leaves:?}");
+    }
+    assert!(leaves.keys().all(|f| f == "rec_leaf" || f == "counts"), "{leaves:?}");
     let t = &p.threads[0];
     let mut open = Vec::new();
     let mut spins = 0;
