@@ -223,6 +223,7 @@ pub fn now_ns() -> u64 {
     clock().to_ns(t)
 }
 
+#[cfg(target_arch = "x86_64")]
 fn tsc_reliable() -> bool {
     static R: OnceLock<bool> = OnceLock::new();
     *R.get_or_init(|| {
