@@ -572,8 +572,8 @@ struct Summary {
     images: usize,
     sites: u64,
     lost: u64,
-    /// Per cause (the `.info` keys the recorder writes for this summary),
-    /// the total and the pids of the images that had some.
+    /// Per cause (`ftramp_recorder::session::LOSS_KEYS`, in order), the
+    /// total and the pids of the images that had some.
     causes: [(u64, Vec<u32>); 4],
     /// Images (pid, image number) whose `.info` has no `exit` line.
     unfinished: Vec<(u32, u32)>,
@@ -638,7 +638,7 @@ fn summarize(dir: &Path) -> Summary {
         let num = |key| values(key).find_map(|v| v.parse::<u64>().ok()).unwrap_or(0);
         s.sites += num("sites");
         s.lost += num("lost");
-        for (key, (total, pids)) in LOSS_CAUSES.iter().zip(&mut s.causes) {
+        for (key, (total, pids)) in ftramp_recorder::session::LOSS_KEYS.iter().zip(&mut s.causes) {
             let n = num(key);
             if n > 0 {
                 *total += n;
@@ -655,40 +655,23 @@ fn summarize(dir: &Path) -> Summary {
     s
 }
 
-/// The `.info` keys of the causes of loss, in [`Summary::causes`]' order.
-const LOSS_CAUSES: [&str; 4] = ["lost_buffers", "lost_late", "missed_depth", "missed_nested"];
-
 /// What `ftramp record` says at the end about the events and calls its
 /// images could not record, one line per cause (the recorder writes the
 /// counts into each image's `.info` and says nothing in the program's
 /// stderr under `ftramp record`).
 fn loss_notes(s: &Summary) -> Vec<String> {
+    const SHOWN: usize = 5;
     let mut notes = Vec::new();
-    for (i, (n, pids)) in s.causes.iter().enumerate() {
-        if *n == 0 {
-            continue;
-        }
+    for (cause, (n, pids)) in s.causes.iter().enumerate().filter(|(_, (n, _))| *n > 0) {
         let mut sorted = pids.clone();
         sorted.sort_unstable();
-        const SHOWN: usize = 5;
-        let shown: Vec<String> = sorted.iter().take(SHOWN).map(u32::to_string).collect();
-        let r#in = match sorted.len() {
-            1 => format!("in pid {}", shown[0]),
-            k if k <= SHOWN => format!("in pids {}", shown.join(", ")),
-            k => format!("in pids {} and {} more", shown.join(", "), k - SHOWN),
-        };
-        notes.push(match i {
-            0 => format!("{n} events lost {in} (buffers full); try a larger --buffer-size or --buffers"),
-            1 => format!(
-                "at least {n} events not written {in}: traced functions were called after the process's final flush, \
-                 while it was ending (by other threads, or by signal handlers)"
-            ),
-            2 => format!(
-                "{n} calls not recorded {in} (nested deeper than the {} frames a shadow stack holds)",
-                ftramp_recorder::session::SHADOW_STACK_FRAMES
-            ),
-            _ => format!("{n} calls not recorded {in} (made by signal handlers that interrupted the recorder)"),
-        });
+        let mut place = format!(" in {}", pid_list(&sorted[..sorted.len().min(SHOWN)]));
+        if sorted.len() > SHOWN {
+            place.push_str(&format!(" and {} more", sorted.len() - SHOWN));
+        }
+        let mut note = String::new();
+        let _ = ftramp_recorder::session::write_loss_note(&mut note, cause, *n, &place);
+        notes.push(note);
     }
     notes
 }

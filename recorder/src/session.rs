@@ -44,7 +44,7 @@ const SHADOW_STACK_WORDS: usize = 16 << 10;
 
 /// The frames a shadow stack of [`SHADOW_STACK_WORDS`] holds (five words
 /// each): deeper calls are not recorded, and counted.
-pub const SHADOW_STACK_FRAMES: usize = SHADOW_STACK_WORDS / 5;
+const SHADOW_STACK_FRAMES: usize = SHADOW_STACK_WORDS / 5;
 
 /// What the writer thread and fork/dlopen handling share.
 struct State {
@@ -837,10 +837,11 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     }
     let mut b = StackBuf::new();
     // The causes, for `ftramp record`'s summary (the readers ignore them).
-    let _ = writeln!(
-        b,
-        "lost_buffers = {dropped}\nlost_late = {late_at_flush}\nmissed_depth = {missed}\nmissed_nested = {nested}\nlost = {lost}"
-    );
+    let causes = [dropped, late_at_flush, missed, nested];
+    for (key, n) in LOSS_KEYS.iter().zip(causes) {
+        let _ = writeln!(b, "{key} = {n}");
+    }
+    let _ = writeln!(b, "lost = {lost}");
     let exit_at = INFO.size().map_or(0, |size| size + b.bytes().len() as u64);
     let _ = match ending {
         Ending::Code(c) => writeln!(b, "exit = \"code {c}\""),
@@ -859,42 +860,38 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     // compiler) had the notes in its output.  Without it they are the only
     // report.
     let say_here = !matches!(ending, Ending::Exec) && OPTIONS.get().is_some_and(|o| o.record_pid.is_none());
-    if dropped > 0 && say_here {
+    for (cause, n) in causes.into_iter().enumerate().filter(|&(_, n)| say_here && n > 0) {
         let mut m = StackBuf::new();
-        let _ = writeln!(
-            m,
-            "ftramp record: pid {pid}: {dropped} events lost (buffers full); try a larger --buffer-size or --buffers"
-        );
-        pool::write_all(2, m.bytes());
-    }
-    if late_at_flush > 0 && say_here {
-        let mut m = StackBuf::new();
-        let _ = writeln!(
-            m,
-            "ftramp record: pid {pid}: at least {late_at_flush} events not written: traced functions were called after the \
-             process's final flush, while it was ending (by other threads, or by signal handlers)"
-        );
-        pool::write_all(2, m.bytes());
-    }
-    if missed > 0 && say_here {
-        let mut m = StackBuf::new();
-        let _ = writeln!(
-            m,
-            "ftramp record: pid {pid}: {missed} calls not recorded (nested deeper than the {SHADOW_STACK_FRAMES} frames a shadow stack holds)"
-        );
-        pool::write_all(2, m.bytes());
-    }
-    if nested > 0 && say_here {
-        let mut m = StackBuf::new();
-        let _ = writeln!(
-            m,
-            "ftramp record: pid {pid}: {nested} calls not recorded (made by signal handlers that interrupted the recorder)"
-        );
+        let _ = write!(m, "ftramp record: pid {pid}: ");
+        let _ = write_loss_note(&mut m, cause, n, "");
+        let _ = writeln!(m);
         pool::write_all(2, m.bytes());
     }
     // Keep the I/O lock: nothing is written after the final flush (an exec
     // that fails gives it back).
     let _ = locked;
+}
+
+/// The `.info` keys of the causes of loss, which `finish_image` writes
+/// for `ftramp record`'s summary: buffers full, events after the final
+/// flush, calls deeper than a shadow stack, calls made inside the recorder.
+pub const LOSS_KEYS: [&str; 4] = ["lost_buffers", "lost_late", "missed_depth", "missed_nested"];
+
+/// What `n` losses of cause `cause` (the index of its [`LOSS_KEYS`] key)
+/// mean, with `place` (`" in pid 12"`, or nothing) after what was lost:
+/// the recorder's note at an image's end and `ftramp record`'s summary.
+/// Formats into `out` only (async-signal-safe into a [`StackBuf`]).
+pub fn write_loss_note(out: &mut dyn std::fmt::Write, cause: usize, n: u64, place: &str) -> std::fmt::Result {
+    match cause {
+        0 => write!(out, "{n} events lost{place} (buffers full); try a larger --buffer-size or --buffers"),
+        1 => write!(
+            out,
+            "at least {n} events not written{place}: traced functions were called after the process's final flush, \
+             while it was ending (by other threads, or by signal handlers)"
+        ),
+        2 => write!(out, "{n} calls not recorded{place} (nested deeper than the {SHADOW_STACK_FRAMES} frames a shadow stack holds)"),
+        _ => write!(out, "{n} calls not recorded{place} (made by signal handlers that interrupted the recorder)"),
+    }
 }
 
 /// `on_exit` handler: the program's exit status is known here.

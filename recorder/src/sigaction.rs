@@ -57,12 +57,9 @@ static ONE_SHOT: [(AtomicUsize, AtomicI32); 65] = [const { (AtomicUsize::new(0),
 /// is the recorder's handler — and calls the program's handler as it asked
 /// to be called.
 extern "C" fn reset_then_call(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut std::ffi::c_void) {
-    let Some((h, flags)) = ONE_SHOT.get(sig as usize) else { return };
-    let (handler, flags) = (h.load(Relaxed), flags.load(Relaxed));
+    // (Installed only after `sigaction` filled the slot with a handler.)
+    let Some((handler, flags)) = one_shot(sig) else { return };
     real_sigaction(sig, &flush_action(), std::ptr::null_mut());
-    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        return;
-    }
     if flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed this handler with SA_SIGINFO: it
         // takes the kernel's three arguments, which we pass on.
@@ -74,6 +71,12 @@ extern "C" fn reset_then_call(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(handler) };
         f(sig);
     }
+}
+
+/// The program's one-shot handler of `sig` and its flags, from [`ONE_SHOT`].
+fn one_shot(sig: c_int) -> Option<(usize, c_int)> {
+    let (h, flags) = ONE_SHOT.get(usize::try_from(sig).ok()?)?;
+    Some((h.load(Relaxed), flags.load(Relaxed)))
 }
 
 /// Whether `handler` is [`reset_then_call`].
@@ -142,13 +145,8 @@ fn as_seen(sig: c_int, a: libc::sigaction) -> libc::sigaction {
         // SAFETY: sigaction is plain data; all-zero is SIG_DFL, no flags,
         // an empty mask.
         unsafe { std::mem::zeroed() }
-    } else if is_one_shot_stand_in(a.sa_sigaction) {
-        let mut seen = a;
-        if let Some((h, flags)) = ONE_SHOT.get(sig as usize) {
-            seen.sa_sigaction = h.load(Relaxed);
-            seen.sa_flags = flags.load(Relaxed);
-        }
-        seen
+    } else if let Some((handler, flags)) = one_shot(sig).filter(|_| is_one_shot_stand_in(a.sa_sigaction)) {
+        libc::sigaction { sa_sigaction: handler, sa_flags: flags, ..a }
     } else {
         a
     }
@@ -268,8 +266,8 @@ fn set_handler(
     };
     if is_flush(prev) {
         libc::SIG_DFL
-    } else if is_one_shot_stand_in(prev) {
-        ONE_SHOT.get(sig as usize).map_or(prev, |(h, _)| h.load(Relaxed))
+    } else if let Some((handler, _)) = one_shot(sig).filter(|_| is_one_shot_stand_in(prev)) {
+        handler
     } else {
         prev
     }

@@ -792,9 +792,6 @@ mod tests {
         assert!(others.iter().all(|o| *o != main), "{main:#x} {others:x?}");
     }
 
-    /// Helpers block the program's signals (so a process-directed one goes
-    /// to the program's threads), but not the grace signal; the spawning
-    /// thread's mask is left as it was.
     /// `task_ids` lists this process's threads: the ones a test starts are
     /// there while they run, and so is the calling thread.
     #[test]
@@ -823,6 +820,9 @@ mod tests {
         }
     }
 
+    /// Helpers block the program's signals (so a process-directed one goes
+    /// to the program's threads), but not the grace signal; the spawning
+    /// thread's mask is left as it was.
     #[test]
     fn helpers_start_with_the_programs_signals_blocked() {
         let mask = || {

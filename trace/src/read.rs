@@ -537,7 +537,7 @@ impl Trace {
             image_tracers.sort();
             image_tracers.dedup();
             let what = match image_tracers.as_slice() {
-                [t] if matches!(t.as_str(), "function_graph" | "function") => {
+                [t] if known_tracer(t) => {
                     info.tracer = t.clone();
                     format!("missing; command unknown (tracer {t}, as the images' .info say)")
                 }
@@ -769,7 +769,7 @@ fn parse_trace_info(path: &Path, text: &str, problems: &mut Vec<TraceError>) -> 
             path: path.to_path_buf(),
             what: "no `tracer`; read as function_graph".into(),
         });
-    } else if !matches!(info.tracer.as_str(), "function_graph" | "function") {
+    } else if !known_tracer(&info.tracer) {
         problems.push(TraceError::Invalid {
             path: path.to_path_buf(),
             what: format!("unknown tracer {:?}; read as function_graph", info.tracer),
@@ -794,6 +794,11 @@ fn parse_pid_image(v: &toml::Value) -> Option<(u32, u32)> {
 }
 
 /// Fills `p` from a `task-*.info`; returns whether the clock calibration was complete.
+/// Whether `t` names a tracer the readers know (`function_graph`, `function`).
+fn known_tracer(t: &str) -> bool {
+    matches!(t, "function_graph" | "function")
+}
+
 fn parse_process_info(
     path: &Path,
     text: &str,
