@@ -28,10 +28,13 @@ pub struct RecordArgs {
     /// `function_graph`: entries and exits with durations; `function`: entries only.
     #[arg(short = 't', long, default_value = "function_graph", value_parser = ["function_graph", "function"])]
     tracer: String,
-    /// Trace only these functions (glob or symbol; repeatable).
+    /// Trace only these functions (glob or name; repeatable).  A glob or
+    /// name matches the raw symbol or the name `ftramp replay` shows: C++
+    /// and Rust names demangled, without parameters or hash (`ns::load`,
+    /// `'ns::*'`, `'mycrate::*'`, or a mangled `_ZN2ns4loadEPKc`).
     #[arg(short = 'F', long = "filter", value_name = "GLOB")]
     filter: Vec<String>,
-    /// Do not trace these functions (glob or symbol; repeatable).
+    /// Do not trace these functions (glob or name, as for -F; repeatable).
     #[arg(short = 'N', long = "notrace", value_name = "GLOB")]
     notrace: Vec<String>,
     /// Record calls up to this nesting depth (1: outermost traced calls only; function_graph).
@@ -236,15 +239,17 @@ pub fn run(a: RecordArgs) -> Result<i32> {
             .parse(g)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         if g.contains(|c: char| c == ';' || c.is_whitespace()) {
-            bail!("bad filter `{g}`: function names have no spaces or `;`");
-        }
-        // Recording matches raw symbols, and no raw symbol has `::` or
-        // parentheses: a demangled name would match nothing, silently.
-        if g.contains("::") || g.contains('(') {
             bail!(
-                "bad filter `{g}`: while recording, filters match raw symbols, which are mangled for C++ and \
-                 Rust and have no `::` or parameters: write the mangled form or a glob around its parts \
-                 (`-F '*4YAML4Load*'` for YAML::Load; `ftramp replay -F` takes demangled names)"
+                "bad filter `{g}`: filters are separated by spaces and `;`, so a name cannot hold them: \
+                 write `?` or `*` for a space (`-F '(anonymous?namespace)::helper'`)"
+            );
+        }
+        // Filters match the raw symbol or the name replay shows, which has
+        // no parameter list: `foo(int)` would match nothing, silently.
+        if g.ends_with(')') && g.contains('(') && !g.ends_with("namespace)") {
+            bail!(
+                "bad filter `{g}`: names have no parameter list while recording (they match the raw symbol \
+                 or the name `ftramp replay` shows, as `ns::load`): overloads are selected together"
             );
         }
     }
@@ -394,8 +399,8 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     }
     if summary.images > 0 && summary.sites > 0 && !summary.events && !a.filter.is_empty() {
         eprintln!(
-            "ftramp record: no call of a function matching the filters was recorded ({}): while recording, \
-             filters match raw symbols (mangled for C++ and Rust), see `ftramp record --help`",
+            "ftramp record: no call of a function matching the filters was recorded ({}): filters match \
+             the raw symbol or the name `ftramp replay` shows, see `ftramp record --help`",
             a.filter.iter().map(|f| format!("-F {f}")).collect::<Vec<_>>().join(" ")
         );
     }

@@ -164,8 +164,6 @@ fn compile(cmd: &mut Command) {
     );
 }
 
-/// Records `exe`; returns (the program's own counts, the trace's entry
-/// and exit counts per demangled name).
 /// What a recorded run holds: the program's own `calls` and `unwound`
 /// counts, and the trace's entries and exits, per (demangled) name.
 struct Recorded {
@@ -176,12 +174,14 @@ struct Recorded {
     stdout: String,
 }
 
-fn record(dir: &Path, exe: &Path) -> Recorded {
+/// Records `exe` with `ftramp record OPTS`.
+fn record(dir: &Path, exe: &Path, opts: &[&str]) -> Recorded {
     let trace_dir = dir.join("trace");
     let out = Command::new(env!("CARGO_BIN_EXE_ftramp"))
         .arg("record")
         .arg("-o")
         .arg(&trace_dir)
+        .args(opts)
         .arg("--")
         .arg(exe)
         .output()
@@ -234,9 +234,15 @@ fn record(dir: &Path, exe: &Path) -> Recorded {
     }
 }
 
-fn check(dir: &Path, exe: &Path) -> String {
-    let r = record(dir, exe);
-    for (name, n) in &r.calls {
+/// Records `exe` with `ftramp record OPTS` and checks the counts of the
+/// functions `selected` (all the program counts, without filters).
+fn check(dir: &Path, exe: &Path, opts: &[&str], selected: impl Fn(&str) -> bool) -> String {
+    let r = record(dir, exe, opts);
+    if !opts.is_empty() {
+        let outside: Vec<_> = r.entries.keys().filter(|n| !selected(n)).collect();
+        assert!(outside.is_empty(), "{opts:?} recorded functions outside the filters: {outside:?}");
+    }
+    for (name, n) in r.calls.iter().filter(|(name, _)| selected(name)) {
         assert_eq!(
             r.entries.get(name),
             Some(n),
@@ -276,12 +282,18 @@ fn cxx_built_by_gxx_and_clangxx_is_traced() {
                 .arg(&exe)
                 .arg(dir.join("prog.cpp")),
         );
-        let out = check(&dir, &exe);
+        let out = check(&dir, &exe, &[], |_| true);
         // 3 and 7 throw; the other 8 calls return x + 1: 55 - 4 - 8.
         assert!(
             out.contains("caught 2 sum 43"),
             "{cxx}: the exceptions went astray under tracing:\n{out}"
         );
+        // Filters name functions as replay shows them (demangled, without
+        // parameters): a namespace glob, a template instance, and a plain
+        // name whose symbol is mangled (`_Z5totalRKSt6vector...`).
+        let opts = ["-F", "Square::*", "-F", "twice<*", "-F", "total", "-N", "Square::~*"];
+        let selected = |n: &str| (n.starts_with("Square::") && !n.starts_with("Square::~")) || n.starts_with("twice<") || n == "total";
+        check(&dir, &exe, &opts, selected);
         let _ = std::fs::remove_dir_all(&dir);
         tested += 1;
     }
@@ -320,6 +332,8 @@ fn rust_built_by_nightly_with_patchable_entries_is_traced() {
             .arg(&exe)
             .arg(dir.join("prog.rs")),
     );
-    check(&dir, &exe);
+    check(&dir, &exe, &[], |_| true);
+    // A filter with the name replay shows (no hash).
+    check(&dir, &exe, &["-F", "prog::inner"], |n| n == "prog::inner");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -402,9 +402,10 @@ fn bad_input_is_refused_with_a_reason() {
         (&["--min-duration", "3 parsecs"], "true", "--min-duration"),
         (&["--buffer-size", "1K"], "true", "between 4K and 16M"),
         (&["-F", "[oops"], "true", "bad filter `[oops`"),
-        // A demangled name matches no raw symbol: said before the run, not after.
-        (&["-F", "YAML::Load"], "true", "bad filter `YAML::Load`: while recording, filters match raw symbols"),
-        (&["-N", "load(int)"], "true", "bad filter `load(int)`"),
+        // Names have no parameter list: said before the run, not after.
+        (&["-N", "load(int)"], "true", "bad filter `load(int)`: names have no parameter list"),
+        (&["-F", "YAML::Load(char*)"], "true", "bad filter `YAML::Load(char*)`: names have no parameter list"),
+        (&["-F", "Load YAML"], "true", "write `?` or `*` for a space"),
         // A misspelt option is named as one, not looked up as the program.
         (&["--max-deth", "3"], "true", "unknown option `--max-deth`"),
         // `--max-depth` is the name for `--depth`.

@@ -382,6 +382,7 @@ fn funcs<'a>(modules: impl IntoIterator<Item = &'a Module>) -> Vec<Site> {
             symbol: r.symbol.clone(),
             offset_in_symbol: r.offset_in_symbol,
             kind: r.kind,
+            demangled: Default::default(),
         }));
     }
     out

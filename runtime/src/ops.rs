@@ -67,10 +67,81 @@ impl std::ops::BitOr for OpsFlags {
 pub enum FilterItem {
     /// A site address or the address of a traced function.
     Addr(usize),
-    /// An exact symbol name.
-    Symbol(String),
-    /// A glob over symbol names.
-    Glob(GlobMatcher),
+    /// An exact name: the raw symbol or its readable (demangled) one.
+    Symbol(String, NameWords),
+    /// A glob over the raw symbols and their readable names.
+    Glob(GlobMatcher, NameWords),
+}
+
+/// The source identifiers a readable name must contain to match a filter
+/// item, which every mangled symbol of that name then holds verbatim too
+/// (Itanium C++ and Rust manglings spell identifiers out, as `<length>
+/// <identifier>`).  A site whose raw symbol lacks one is not demangled
+/// for that item: demangling costs about 5 µs per C++ symbol, which a
+/// filter would otherwise pay for every site of a large program at every
+/// refresh.  Left out, since a mangling may not spell them: words inside
+/// `[…]` and `{…}` (glob classes and alternatives), numbers and literals,
+/// lifetimes, and the words a demangler writes itself or any piece of one
+/// (builtin types, `std` and its abbreviated templates, `operator`, thunk
+/// and clone notes, closures).  A pattern with an escape has no words.
+#[derive(Debug, Clone, Default)]
+pub struct NameWords(Box<[Box<str>]>);
+
+impl NameWords {
+    const SPELLED_BY_DEMANGLER: &'static [&'static str] = &[
+        // C++ builtin types and literals (`i`, `Lb1E`, ...)
+        "void", "bool", "char", "wchar_t", "char8_t", "char16_t", "char32_t", "short", "int", "long", "signed",
+        "unsigned", "float", "double", "__int128", "__float128", "_Float16", "decltype", "auto", "nullptr_t",
+        "const", "volatile", "restrict", "true", "false", "std", "string", "istream", "ostream", "iostream",
+        "allocator", "basic_string", "basic_istream", "basic_ostream", "basic_iostream", "char_traits",
+        "operator", "new", "delete", "anonymous", "namespace", "lambda", "unnamed", "type", "clone", "vtable",
+        "typeinfo", "name", "for", "to", "VTT", "construction", "guard", "variable", "reference", "temporary",
+        "thunk", "non", "virtual", "covariant", "return", "transaction", "sizeof", "alignof", "typeid",
+        "noexcept", "throw", "abi", "cxx11", "override", "offset", "default", "arg", "parm", "template",
+        "parameter", "object", "this", "cast", "static", "local", "initializer",
+        // Rust primitives and the demangler's own words
+        "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize", "f32", "f64",
+        "str", "dyn", "mut", "unsafe", "extern", "fn", "impl", "as", "closure", "shim", "vtable", "C",
+    ];
+
+    fn of(pattern: &str) -> NameWords {
+        let mut words = Vec::new();
+        // Inside `[…]`/`{…}`; the word follows a `'`; it follows a wildcard.
+        let (mut depth, mut after_quote, mut after_wild) = (0u32, false, false);
+        let mut word = String::new();
+        let mut flush = |word: &mut String, keep: bool, piece: bool| {
+            // A word next to a wildcard may be a piece of a longer one
+            // (`*nsigned*` of `unsigned`), a whole one may not (`ns::*`).
+            let demanglers = |w: &str| Self::SPELLED_BY_DEMANGLER.iter().any(|d| if piece { d.contains(w) } else { *d == w });
+            if keep && !word.is_empty() && !word.starts_with(|c: char| c.is_ascii_digit()) && !demanglers(word) {
+                words.push(std::mem::take(word).into_boxed_str());
+            }
+            word.clear();
+        };
+        for c in pattern.chars() {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                word.push(c);
+                continue;
+            }
+            let wild = matches!(c, '*' | '?');
+            flush(&mut word, depth == 0 && !after_quote, after_wild || wild);
+            (after_quote, after_wild) = (c == '\'', wild);
+            match c {
+                '[' | '{' => depth += 1,
+                ']' | '}' => depth = depth.saturating_sub(1),
+                // An escape: the words around it are not plain text.
+                '\\' => return NameWords::default(),
+                _ => {}
+            }
+        }
+        flush(&mut word, depth == 0 && !after_quote, after_wild);
+        NameWords(words.into_boxed_slice())
+    }
+
+    /// Whether `raw` spells every word (so its readable name may match).
+    fn spelled_in(&self, raw: &str) -> bool {
+        self.0.iter().all(|w| raw.contains(&**w))
+    }
 }
 
 /// A set of functions.  Empty matches nothing (as a notrace set) or, as a
@@ -111,14 +182,14 @@ impl Filter {
 
     /// Adds an exact symbol name.
     pub fn symbol(mut self, name: &str) -> Filter {
-        self.items.push(FilterItem::Symbol(name.to_string()));
+        self.items.push(FilterItem::Symbol(name.to_string(), NameWords::of(name)));
         self
     }
 
     /// Adds a glob (`tracee_*`, `foo?`, `[ab]*`).
     pub fn glob(mut self, pattern: &str) -> Result<Filter, FilterError> {
         let g = Glob::new(pattern).map_err(|e| FilterError { item: pattern.to_string(), why: e.kind().to_string() })?;
-        self.items.push(FilterItem::Glob(g.compile_matcher()));
+        self.items.push(FilterItem::Glob(g.compile_matcher(), NameWords::of(pattern)));
         Ok(self)
     }
 
@@ -137,17 +208,24 @@ impl Filter {
         if item.contains(['*', '?', '[']) {
             return self.glob(item);
         }
-        self.items.push(FilterItem::Symbol(item.to_string()));
+        self.items.push(FilterItem::Symbol(item.to_string(), NameWords::of(item)));
         Ok(self)
     }
 
-    /// Whether `site` is in the set.
+    /// Whether `site` is in the set.  Symbols and globs match the raw
+    /// symbol or its readable name ([`Site::demangled`], as `ftramp replay`
+    /// shows it): `_ZN2ns5parseEPKc` is matched by `ns::parse`, `ns::*`,
+    /// `parse*`-style globs of either form, and by itself.  The readable
+    /// name is only worked out for a site the raw symbol did not match.
     pub fn matches(&self, site: &Site) -> bool {
         let func_addr = site.addr - site.offset_in_symbol;
+        let name_is = |words: &NameWords, test: &dyn Fn(&str) -> bool| {
+            site.symbol.as_deref().is_some_and(|s| test(s) || (words.spelled_in(s) && site.demangled().is_some_and(test)))
+        };
         self.items.iter().any(|i| match i {
             FilterItem::Addr(a) => *a == site.addr || *a == func_addr || *a == site.record,
-            FilterItem::Symbol(s) => site.symbol.as_deref() == Some(s.as_str()),
-            FilterItem::Glob(g) => site.symbol.as_deref().is_some_and(|s| g.is_match(s)),
+            FilterItem::Symbol(s, w) => name_is(w, &|n| n == s),
+            FilterItem::Glob(g, w) => name_is(w, &|n| g.is_match(n)),
         })
     }
 }
@@ -249,5 +327,65 @@ impl Ops {
 impl std::fmt::Debug for Ops {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ops").field("func", &(self.func as usize)).field("flags", &self.flags).finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NameWords;
+
+    /// The words a pattern requires of a raw symbol are spelled in every
+    /// symbol whose readable name the pattern matches: checked for every
+    /// piece of these names (up to 12 characters, as `*piece*`, and as
+    /// prefixes, suffixes and the whole name), so a filter never misses a
+    /// function because its symbol was not demangled.
+    #[test]
+    fn words_a_pattern_requires_are_spelled_by_every_symbol_it_matches() {
+        let symbols = [
+            "_ZNSt6vectorIiSaIiEE9push_backEOi",
+            "_ZN12_GLOBAL__N_16helperEv",
+            "_Z3fooIjEvv",
+            "_Z3barILb1EEvv",
+            "_ZNK2ns5ShapeclEv",
+            "_ZN2ns3FooD2Ev",
+            "_ZThn8_N2ns3Foo3barEv",
+            "_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE6appendEPKc",
+            "_ZZ4mainENKUliE_clEi",
+            "_Z5parsePc.isra.0",
+            "_ZN2ns5parseB5cxx11Ev",
+            "_RNCNvCs1234_7mycrate4main0B3_",
+            "_RNvMs_Cs1234_7mycrateNtB4_3Foo3new",
+            "_ZN7mycrate6worker3run17h0123456789abcdefE",
+            "_ZNSs6appendEPKc",
+            "_ZN2ns4loadIA4_cEEvRKT_",
+            "_ZnwmRKSt9nothrow_t",
+            "_ZN2nsplERKNS_1VES2_",
+            "_Z4funcILi100EEvv",
+            "_ZN3Foo3barIPFviEEEvT_",
+            "_ZN2ns3FooIlE3getEv",
+        ];
+        let mut checked = 0;
+        for raw in symbols {
+            let name = ftramp_demangle::demangle(raw).unwrap_or_else(|| panic!("{raw} demangles"));
+            let chars: Vec<char> = name.chars().collect();
+            let mut patterns = vec![name.clone()];
+            for i in 0..chars.len() {
+                patterns.push(format!("{}*", chars[..i].iter().collect::<String>()));
+                patterns.push(format!("*{}", chars[i..].iter().collect::<String>()));
+                for j in i + 1..=(i + 12).min(chars.len()) {
+                    patterns.push(format!("*{}*", chars[i..j].iter().collect::<String>()));
+                }
+            }
+            for p in patterns.iter().filter(|p| !p.contains(['[', ']', '{', '}', '?', '\\'])) {
+                let words = NameWords::of(p);
+                assert!(words.spelled_in(raw), "`{p}` matches {name} but requires {:?} of {raw}", words.0);
+                checked += 1;
+            }
+        }
+        assert!(checked > 5000, "{checked} patterns");
+        // And it does leave most symbols undemangled.
+        assert!(!NameWords::of("ns::*").spelled_in("_ZN5other4loadEv"));
+        assert!(!NameWords::of("mycrate::worker::run").spelled_in("_ZN7mycrate6worker4stopEv"));
+        assert!(NameWords::of("*push_back").spelled_in("_ZNSt6vectorIiSaIiEE9push_backEOi"));
     }
 }

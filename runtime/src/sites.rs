@@ -97,9 +97,34 @@ pub struct Site {
     /// `addr` minus the symbol's address (e.g. 4 after an `endbr64`).
     pub offset_in_symbol: usize,
     pub kind: SiteKind,
+    /// [`Site::demangled`], worked out on first use (`Default::default()`
+    /// when making a site).
+    pub demangled: DemangledName,
 }
 
+/// A site's readable name, kept once worked out: filters match it beside
+/// the raw symbol, at every refresh, and demangling each time would cost
+/// microseconds per C++ site.  Not part of a site's identity (equal
+/// whether or not worked out yet).
+#[derive(Debug, Clone, Default)]
+pub struct DemangledName(std::sync::OnceLock<Option<Box<str>>>);
+
+impl PartialEq for DemangledName {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for DemangledName {}
+
 impl Site {
+    /// The symbol's readable name as `ftramp replay` shows it
+    /// (`ftramp_demangle::demangle`: C++ without parameters, Rust without
+    /// the hash); `None` when the symbol is not mangled (C) or missing.
+    pub fn demangled(&self) -> Option<&str> {
+        self.demangled.0.get_or_init(|| self.symbol.as_deref().and_then(ftramp_demangle::demangle).map(String::into_boxed_str)).as_deref()
+    }
+
     /// The reserved NOPs before the function.
     pub fn pre_entry_range(&self) -> Range<usize> {
         self.record..self.record + self.pre_entry
@@ -696,7 +721,7 @@ fn classify(
     if symbol.is_some_and(|s| s.st_other & spec.raw.site.refuse_st_other != 0) {
         return Err(refuse(addr, symbol, offset, found, RefuseReason::CallingConvention));
     }
-    Ok(Site { addr, record, pre_entry, module, symbol: symbol.map(|s| s.name.clone()), offset_in_symbol: offset, kind })
+    Ok(Site { addr, record, pre_entry, module, symbol: symbol.map(|s| s.name.clone()), offset_in_symbol: offset, kind, demangled: Default::default() })
 }
 
 /// Rewrites multi-instruction NOP sites into the cheapest equivalent NOP
@@ -741,6 +766,51 @@ pub fn optimize_nops(discovery: &Discovery) -> Result<NopStats, RuntimeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn site_named(symbol: Option<&str>) -> Site {
+        Site {
+            addr: 0x1004,
+            record: 0x1004,
+            pre_entry: 0,
+            module: ModuleId(0),
+            symbol: symbol.map(str::to_string),
+            offset_in_symbol: 4,
+            kind: SiteKind::PatchableEntry,
+            demangled: Default::default(),
+        }
+    }
+
+    /// Filters match the name replay shows as well as the raw symbol, so a
+    /// name copied from a replay selects its function at record time.
+    #[test]
+    fn filters_match_the_raw_symbol_or_the_name_replay_shows() {
+        use crate::ops::Filter;
+        let f = |items: &[&str]| items.iter().fold(Filter::new(), |f, i| f.parse(i).unwrap());
+        let cpp = site_named(Some("_ZN2ns5parseEPKc"));
+        let rust = site_named(Some("_ZN7mycrate6worker3run17h0123456789abcdefE"));
+        let rust_v0 = site_named(Some("_RNvCs1234_7mycrate3foo"));
+        let c = site_named(Some("parse"));
+        let anonymous = site_named(None);
+        assert_eq!(cpp.demangled(), Some("ns::parse"));
+        for (filter, hits) in [
+            (f(&["ns::parse"]), [true, false, false, false]),
+            (f(&["ns::*"]), [true, false, false, false]),
+            (f(&["*::parse"]), [true, false, false, false]),
+            (f(&["parse"]), [false, false, false, true]),
+            (f(&["*parse*"]), [true, false, false, true]),
+            (f(&["_ZN2ns5parseEPKc"]), [true, false, false, false]),
+            (f(&["mycrate::*"]), [false, true, true, false]),
+            (f(&["mycrate::worker::run"]), [false, true, false, false]),
+            // The hash and parameters are not part of the name.
+            (f(&["*17h0123456789abcdef*"]), [false, true, false, false]),
+            (f(&["ns::parse(char const*)"]), [false, false, false, false]),
+            (f(&["0x1000"]), [true, true, true, true]),
+        ] {
+            let got = [&cpp, &rust, &rust_v0, &c].map(|s| filter.matches(s));
+            assert_eq!(got, hits, "{filter:?}");
+            assert!(!filter.matches(&anonymous) || got == [true; 4], "{filter:?} matched a site without a symbol");
+        }
+    }
 
     #[test]
     fn nop_units_of_every_spec() {

@@ -330,47 +330,7 @@ impl Process {
     }
 }
 
-/// The readable name of a mangled symbol, like uftrace's default (`--demangle=simple`):
-/// C++ (`_Z...`) without parameter lists, Rust (`_R...`, or `_ZN...17h<hash>E`) without
-/// the hash. `None` when `raw` is not mangled or does not demangle.
-pub fn demangle(raw: &str) -> Option<String> {
-    let rust_legacy = raw.starts_with("_ZN") && raw.len() > 20 && {
-        // `17h` + 16 hex digits + `E` at the end (an optional `.llvm.N` suffix aside).
-        let core = raw.split('.').next().unwrap_or(raw);
-        core.len() > 20
-            && core.ends_with('E')
-            && core[..core.len() - 1].ends_with(|c: char| c.is_ascii_hexdigit())
-            && core[core.len() - 20..].starts_with("17h")
-    };
-    if raw.starts_with("_R") || rust_legacy {
-        if let Ok(d) = rustc_demangle::try_demangle(raw) {
-            return Some(format!("{d:#}"));
-        }
-    }
-    if raw.starts_with("_Z") {
-        let sym = cpp_demangle::Symbol::new(raw.as_bytes()).ok()?;
-        let opts = cpp_demangle::DemangleOptions::new()
-            .no_params()
-            .no_return_type();
-        return sym.demangle_with_options(&opts).ok();
-    }
-    None
-}
-
-/// [`demangle`] with the parameters kept (`N::load(char const*)`), to tell overloads
-/// apart; Rust symbols have none.
-pub fn demangle_with_params(raw: &str) -> Option<String> {
-    let short = demangle(raw)?;
-    let full = cpp_demangle::Symbol::new(raw.as_bytes())
-        .ok()
-        .and_then(|sym| sym.demangle_with_options(&cpp_demangle::DemangleOptions::new().no_return_type()).ok());
-    // A C++ function's full name is its short one and the parameters (a Rust
-    // symbol's, read as C++, ends in its hash instead).
-    match full {
-        Some(full) if full.strip_prefix(short.as_str()).is_some_and(|rest| rest.starts_with('(')) => Some(full),
-        _ => Some(short),
-    }
-}
+pub use ftramp_demangle::{demangle, demangle_with_params};
 
 /// A trace directory read into memory.
 #[derive(Debug)]

@@ -811,24 +811,6 @@ mod tests {
     }
 
     #[test]
-    fn demangled_names() {
-        use crate::read::demangle;
-        assert_eq!(demangle("_ZN3foo3barEv").as_deref(), Some("foo::bar"));
-        assert_eq!(demangle("_ZN2ns3FooC2Ei").as_deref(), Some("ns::Foo::Foo"));
-        assert_eq!(demangle("_Z5throwi").as_deref(), Some("throw"));
-        assert_eq!(
-            demangle("_ZN4core3fmt5write17h0123456789abcdefE").as_deref(),
-            Some("core::fmt::write")
-        );
-        assert_eq!(
-            demangle("_RNvCs1234_7mycrate3foo").as_deref(),
-            Some("mycrate::foo")
-        );
-        assert_eq!(demangle("main"), None);
-        assert_eq!(demangle("_Zjunk"), None);
-    }
-
-    #[test]
     fn globs() {
         let g = Globs::new(&["foo*".into(), "b?r".into()]).unwrap();
         assert!(g.matches("foobar") && g.matches("bar") && !g.matches("baar"));

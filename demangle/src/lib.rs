@@ -1,0 +1,74 @@
+//! The readable name of a function symbol, defined once: `ftramp replay`,
+//! `report` and `dump` show it, and the runtime's filters (`ftramp record
+//! -F`/`-N`, fprobe globs) match it beside the raw symbol, so a name copied
+//! from a replay selects the same function at record time.
+//!
+//! Like uftrace's default (`--demangle=simple`): C++ (`_Z…`) without
+//! parameter lists or return types, Rust (`_R…`, or legacy `_ZN…17h<hash>E`)
+//! without the hash.
+
+/// The readable name of a mangled symbol, like uftrace's default (`--demangle=simple`):
+/// C++ (`_Z...`) without parameter lists, Rust (`_R...`, or `_ZN...17h<hash>E`) without
+/// the hash. `None` when `raw` is not mangled or does not demangle.
+pub fn demangle(raw: &str) -> Option<String> {
+    let rust_legacy = raw.starts_with("_ZN") && raw.len() > 20 && {
+        // `17h` + 16 hex digits + `E` at the end (an optional `.llvm.N` suffix aside).
+        let core = raw.split('.').next().unwrap_or(raw);
+        core.len() > 20
+            && core.ends_with('E')
+            && core[..core.len() - 1].ends_with(|c: char| c.is_ascii_hexdigit())
+            && core[core.len() - 20..].starts_with("17h")
+    };
+    if raw.starts_with("_R") || rust_legacy {
+        if let Ok(d) = rustc_demangle::try_demangle(raw) {
+            return Some(format!("{d:#}"));
+        }
+    }
+    if raw.starts_with("_Z") {
+        let sym = cpp_demangle::Symbol::new(raw.as_bytes()).ok()?;
+        let opts = cpp_demangle::DemangleOptions::new()
+            .no_params()
+            .no_return_type();
+        return sym.demangle_with_options(&opts).ok();
+    }
+    None
+}
+
+/// [`demangle`] with the parameters kept (`N::load(char const*)`), to tell overloads
+/// apart; Rust symbols have none.
+pub fn demangle_with_params(raw: &str) -> Option<String> {
+    let short = demangle(raw)?;
+    let full = cpp_demangle::Symbol::new(raw.as_bytes())
+        .ok()
+        .and_then(|sym| sym.demangle_with_options(&cpp_demangle::DemangleOptions::new().no_return_type()).ok());
+    // A C++ function's full name is its short one and the parameters (a Rust
+    // symbol's, read as C++, ends in its hash instead).
+    match full {
+        Some(full) if full.strip_prefix(short.as_str()).is_some_and(|rest| rest.starts_with('(')) => Some(full),
+        _ => Some(short),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names() {
+        assert_eq!(demangle("_ZN3foo3barEv").as_deref(), Some("foo::bar"));
+        assert_eq!(demangle("_ZN2ns3FooC2Ei").as_deref(), Some("ns::Foo::Foo"));
+        assert_eq!(demangle("_Z5throwi").as_deref(), Some("throw"));
+        assert_eq!(demangle("_ZN4core3fmt5write17h0123456789abcdefE").as_deref(), Some("core::fmt::write"));
+        assert_eq!(demangle("_RNvCs1234_7mycrate3foo").as_deref(), Some("mycrate::foo"));
+        assert_eq!(demangle("main"), None);
+        assert_eq!(demangle("_Zjunk"), None);
+    }
+
+    #[test]
+    fn parameters_only_where_asked() {
+        assert_eq!(demangle_with_params("_ZN1N4loadEPKc").as_deref(), Some("N::load(char const*)"));
+        assert_eq!(demangle("_ZN1N4loadEPKc").as_deref(), Some("N::load"));
+        // A Rust symbol has no parameters to add.
+        assert_eq!(demangle_with_params("_RNvCs1234_7mycrate3foo").as_deref(), Some("mycrate::foo"));
+    }
+}
