@@ -58,10 +58,10 @@ impl Source {
         })?;
         const SHOWN: usize = 20;
         for p in t.problems.iter().take(SHOWN) {
-            eprintln!("ftramp: warning: {p}");
+            note!("ftramp: warning: {p}");
         }
         if t.problems.len() > SHOWN {
-            eprintln!(
+            note!(
                 "ftramp: warning: ... and {} more problems in {}",
                 t.problems.len() - SHOWN,
                 dir.display()

@@ -6,6 +6,16 @@ use ftramp_codegen::{arch, header, image::Image, listing, object, spec::Spec, Di
 use std::io::Write as _;
 use std::path::PathBuf;
 
+/// `eprintln!` that never panics: with stderr closed (`2>&1 | head` that
+/// stopped reading) a message is dropped, and `ftramp record` still exits
+/// with the program's status, not a panic's 101.
+macro_rules! note {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 mod analyze;
 
 mod demo;
@@ -233,7 +243,7 @@ fn main() {
     if let Err(e) = run() {
         // The message and its causes on one line; a bad input is not a
         // crash, so no backtrace even where RUST_BACKTRACE is set.
-        eprintln!("Error: {e:#}");
+        note!("Error: {e:#}");
         std::process::exit(1);
     }
 }

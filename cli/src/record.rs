@@ -93,7 +93,7 @@ pub fn find_audit(preload: &Path) -> Result<Option<PathBuf>> {
     if p.is_file() {
         return Ok(Some(p));
     }
-    eprintln!(
+    note!(
         "ftramp record: {} not found: recording starts in {}'s constructor, so calls made by the constructors \
          of the libraries the program links are not recorded (it is built with the CLI: `cargo build --release \
          -p ftramp`; set {ENV_AUDIT}=/path/to/{AUDIT_NAME}, or {ENV_AUDIT}= to go without it quietly)",
@@ -360,17 +360,21 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // become ours when their parent ends, so that we can wait for them.
     // SAFETY: prctl with integer arguments; not inherited by the child.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    // Children we have before the program starts are not its: a shell that
+    // execs `ftramp record` leaves us its own (`2> >(filter)`, `sleep &`),
+    // and one may wait for us to end (the filter reads our stderr).
+    let inherited = children();
     let child = cmd.spawn().with_context(|| format!("running {}", prog.display()))?;
     let status = wait_reaping_orphans(child.id() as libc::pid_t);
-    let left_running = !reap_ended_descendants();
+    let left_running = !reap_ended_descendants(&inherited);
     if left_running && !a.no_wait {
-        let running = still_running(&dir);
-        eprintln!(
+        let running = still_running(&dir, &preload);
+        note!(
             "ftramp record: {} ended; waiting for the processes it left running{} (--no-wait not to)",
             prog.display(),
             if running.is_empty() { String::new() } else { format!(" ({})", pid_list(&running)) }
         );
-        wait_for_descendants();
+        wait_for_descendants(&inherited);
     }
     let c = calibrating.finish();
     let calibration = format!(
@@ -387,7 +391,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         .open(&info_path)
         .and_then(|mut f| f.write_all(calibration.as_bytes()))
     {
-        eprintln!(
+        note!(
             "ftramp record: cannot add the clock calibration to {}: {e} (the provisional one is used)",
             info_path.display()
         );
@@ -395,17 +399,17 @@ pub fn run(a: RecordArgs) -> Result<i32> {
 
     let summary = summarize(&dir);
     if summary.images > 0 && summary.sites == 0 {
-        eprintln!("ftramp record: {}", no_sites_advice(&prog));
+        note!("ftramp record: {}", no_sites_advice(&prog));
     }
     if summary.images > 0 && summary.sites > 0 && !summary.events && !a.filter.is_empty() {
-        eprintln!(
+        note!(
             "ftramp record: no call of a function matching the filters was recorded ({}): filters match \
              the raw symbol or the name `ftramp replay` shows, see `ftramp record --help`",
             a.filter.iter().map(|f| format!("-F {f}")).collect::<Vec<_>>().join(" ")
         );
     }
     if summary.images == 0 {
-        eprintln!(
+        note!(
             "ftramp record: nothing was recorded: {} did not load {} (a statically linked or set-user-ID \
              program ignores LD_PRELOAD, and a program may end before libraries are initialised: see \
              its messages above)",
@@ -416,20 +420,20 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     let code = match (status.code(), status.signal()) {
         (Some(c), _) => c,
         (None, Some(s)) => {
-            eprintln!("ftramp record: {} was killed by signal {s}", prog.display());
+            note!("ftramp record: {} was killed by signal {s}", prog.display());
             128 + s
         }
         _ => 1,
     };
-    let running = if left_running && a.no_wait { still_running(&dir) } else { Vec::new() };
+    let running = if left_running && a.no_wait { still_running(&dir, &preload) } else { Vec::new() };
     for (pid, n) in summary.unfinished.iter().filter(|(pid, _)| !running.contains(pid)) {
-        eprintln!(
+        note!(
             "ftramp record: pid {pid} (image {n}) ended without the recorder seeing it end (SIGKILL, or an \
              exit system call made directly): the events still in its buffers are lost, and not counted"
         );
     }
     if left_running && a.no_wait {
-        eprintln!(
+        note!(
             "ftramp record: processes {} left running are still recording into {}{} (the counts below are of now)",
             prog.display(),
             a.output.display(),
@@ -437,9 +441,9 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         );
     }
     for note in loss_notes(&summary) {
-        eprintln!("ftramp record: {note}");
+        note!("ftramp record: {note}");
     }
-    eprintln!(
+    note!(
         "ftramp record: {} process image{} recorded in {}{}",
         summary.images,
         if summary.images == 1 { "" } else { "s" },
@@ -454,25 +458,56 @@ pub fn run(a: RecordArgs) -> Result<i32> {
 }
 
 /// The processes of the trace in `dir` that have not ended: images
-/// without an `exit` line whose process exists and records into `dir`
-/// (its environment names it: a pid reused by another process is not
-/// taken for one of ours).
-fn still_running(dir: &Path) -> Vec<u32> {
+/// without an `exit` line whose process exists and records into `dir`.
+/// Its environment names `dir` (a pid reused by another process is not
+/// taken for one of ours) or, where the process has written over its
+/// environment to set its title (nginx, postgres, sshd), names no trace
+/// directory at all and the process has the recorder library (`preload`)
+/// mapped.
+fn still_running(dir: &Path, preload: &Path) -> Vec<u32> {
+    let key = format!("{}=", env::DIR);
     let mut pids: Vec<u32> = summarize(dir)
         .unfinished
         .into_iter()
         .map(|(pid, _)| pid)
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
-                env.split(|b| *b == 0).any(|v| {
-                    v.strip_prefix(format!("{}=", env::DIR).as_bytes())
-                        .is_some_and(|d| Path::new(std::ffi::OsStr::from_bytes(d)) == dir)
-                })
-            }) && !is_zombie(*pid)
+            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { return false };
+            let named = environ.split(|b| *b == 0).find_map(|v| v.strip_prefix(key.as_bytes()));
+            let ours = match named {
+                Some(d) => Path::new(std::ffi::OsStr::from_bytes(d)) == dir,
+                None => std::fs::read(format!("/proc/{pid}/maps"))
+                    .is_ok_and(|maps| maps.windows(preload.as_os_str().len()).any(|w| w == preload.as_os_str().as_bytes())),
+            };
+            ours && !is_zombie(*pid)
         })
         .collect();
     pids.dedup();
     pids
+}
+
+/// Our children now (`/proc/*/stat` with our pid as parent): the kernel
+/// has no call that lists them everywhere (`/proc/PID/task/TID/children`
+/// needs `CONFIG_PROC_CHILDREN`).
+fn children() -> Vec<libc::pid_t> {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut pids: Vec<libc::pid_t> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<libc::pid_t>().ok())
+                == Some(me)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Whether a child other than the `inherited` ones is left.
+fn program_children_left(inherited: &[libc::pid_t]) -> bool {
+    children().iter().any(|p| inherited.binary_search(p).is_err())
 }
 
 /// Whether `pid` has ended and waits to be reaped.
@@ -526,21 +561,30 @@ fn wait_reaping_orphans(pid: libc::pid_t) -> std::process::ExitStatus {
     }
 }
 
-/// Reaps the descendants that have ended; true when none is left.
-fn reap_ended_descendants() -> bool {
+/// Reaps the descendants that have ended; true when none of the
+/// program's is left (children `inherited` from before it started, which
+/// are reaped too if they end, do not count).
+fn reap_ended_descendants(inherited: &[libc::pid_t]) -> bool {
     loop {
         match reap(libc::WNOHANG) {
             Reaped::One(..) => {}
-            Reaped::NoneEnded => return false,
+            Reaped::NoneEnded => return !program_children_left(inherited),
             Reaped::NoChild => return true,
         }
     }
 }
 
-/// Reaps every descendant (they are ours once orphaned, as the subreaper)
-/// until none is left.
-fn wait_for_descendants() {
-    while let Reaped::One(..) = reap(0) {}
+/// Reaps every descendant of the program (they are ours once orphaned, as
+/// the subreaper) until none is left; children `inherited` from before it
+/// started are not waited for.  (A process orphaned by a descendant is
+/// ours before that descendant can be reaped: the check after each reap
+/// sees it.)
+fn wait_for_descendants(inherited: &[libc::pid_t]) {
+    while program_children_left(inherited) {
+        if let Reaped::NoChild = reap(0) {
+            break;
+        }
+    }
 }
 
 /// While the program runs: SIGINT, SIGQUIT, SIGTERM and SIGHUP do nothing

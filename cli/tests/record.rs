@@ -537,6 +537,78 @@ fn processes_the_program_leaves_running_are_waited_for() {
     std::thread::sleep(std::time::Duration::from_millis(800));
 }
 
+/// Children the shell that execs `ftramp record` already had are not the
+/// program's, and are not waited for: `prog 2> >(filter)` gives the filter
+/// to the process that becomes `ftramp record`, and the filter waits for
+/// its stderr to close (before, both waited for ever); `job & exec ftramp
+/// record …` waited for the job.
+#[test]
+fn children_from_before_the_program_are_not_waited_for() {
+    let me = env!("CARGO_BIN_EXE_ftramp");
+    let prog = tracee().display().to_string();
+    let d = dir("inherited-filter");
+    let script = format!("{me} record -o {} -- {prog} fork 2> >(cat >&2); echo status $?", d.display());
+    let o = Command::new("timeout").args(["120", "bash", "-c", &script]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("status 3"), "status {:?}, stdout {out}, stderr {}", o.status, stderr(&o));
+    assert!(!stderr(&o).contains("waiting for"), "{}", stderr(&o));
+
+    let d = dir("inherited-job");
+    let script = format!("sleep 300 >/dev/null 2>&1 & echo $!; exec {me} record -o {} -- {prog} fork", d.display());
+    let o = Command::new("timeout").args(["120", "bash", "-c", &script]).output().unwrap();
+    let job = String::from_utf8_lossy(&o.stdout).lines().next().and_then(|l| l.trim().parse::<i32>().ok());
+    if let Some(pid) = job {
+        // SAFETY: signals the `sleep` the script started (still ours to end).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("waiting for"), "{}", stderr(&o));
+    assert_eq!(Trace::open(&d).unwrap().processes.len(), 2, "the program and its child");
+}
+
+/// A daemon that writes its title over its environment (nginx, postgres,
+/// sshd) is still known as recording: before, its environment no longer
+/// named the trace, so `--no-wait` said it had ended unseen with its events
+/// lost, and the wait named no pid.
+#[test]
+fn a_daemon_that_sets_its_title_is_known_as_still_recording() {
+    let d = dir("titled-no-wait");
+    let o = record(&d, &["--no-wait"], tracee(), &["titled-daemon"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("ended without"), "{err}");
+    assert!(err.contains("left running are still recording into") && err.contains(": pid "), "{err}");
+    // (It ends on its own.)
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+
+    let d = dir("titled-wait");
+    let o = record(&d, &[], tracee(), &["titled-daemon"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("waiting for the processes it left running (pid "), "{err}");
+    let t = Trace::open(&d).unwrap();
+    assert_eq!(t.processes.len(), 2, "launcher and daemon");
+    assert!(t.processes.iter().all(|p| p.exit.as_deref() == Some("code 0")), "{:?}", t.processes.iter().map(|p| &p.exit).collect::<Vec<_>>());
+}
+
+/// A closed stderr (`ftramp record … 2>&1 | head` that stopped reading)
+/// loses `ftramp record`'s messages, not the program's exit status
+/// (before, writing the summary panicked: status 101).
+#[test]
+fn a_closed_stderr_keeps_the_programs_status() {
+    let d = dir("closed-stderr");
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills the two descriptors we own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: closes the read end we own: writes to the pipe then fail.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: the write end is ours, and moves into the Stdio.
+    let err = unsafe { <std::process::Stdio as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
+    let st = ftramp().arg("record").arg("-o").arg(&d).arg("--").arg(tracee()).arg("fork").stderr(err).status().unwrap();
+    assert_eq!(st.code(), Some(3));
+    assert_eq!(Trace::open(&d).unwrap().processes.len(), 2);
+}
+
 /// SIGINT and SIGQUIT ignored where `ftramp record` starts (a shell's `&`
 /// job without job control, `trap '' INT`) stay ignored in the program, as
 /// without the recorder: its own handler for them, installed over the

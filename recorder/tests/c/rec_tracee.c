@@ -621,6 +621,36 @@ int main(int argc, char **argv)
         counts();
         return 0;
     }
+    if (!strcmp(mode, "titled-daemon")) {
+        /* A daemon that sets its process title as nginx, postgres and sshd
+           do: it moves its environment elsewhere and writes the title over
+           the argv+environ block, so /proc/PID/environ no longer shows the
+           variables it started with.  The launcher exits once the title is
+           set; the daemon calls rec_fib and ends 1.5 s later. */
+        int p[2];
+        char c;
+        if (pipe(p) != 0)
+            return 1;
+        if (fork() > 0)
+            return read(p[0], &c, 1) == 1 ? 0 : 1;
+        extern char **environ;
+        char *start = argv[0], *end = argv[argc - 1] + strlen(argv[argc - 1]);
+        size_t n = 0;
+        for (; environ[n]; n++)
+            end = environ[n] + strlen(environ[n]);
+        char **copy = malloc((n + 1) * sizeof *copy);
+        for (size_t i = 0; i < n; i++)
+            copy[i] = strdup(environ[i]);
+        copy[n] = NULL;
+        environ = copy;
+        memset(start, 0, end - start);
+        strcpy(start, "rec_tracee: daemon");
+        if (write(p[1], "x", 1) != 1)
+            return 1;
+        rec_fib(10);
+        usleep(1500 * 1000);
+        return 0;
+    }
     if (!strcmp(mode, "fork")) {
         rec_before();
         int code = fork_counting_child();
