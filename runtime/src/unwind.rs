@@ -141,11 +141,12 @@ use std::sync::Mutex;
 /// (the others, `_Unwind_Resume` and `__cxa_begin_catch`, continue or end
 /// one a hooked start began): a module that imports one of them must be
 /// hooked before traced code can reach it.
-pub(crate) const STARTERS: [&str; 8] = [
+pub(crate) const STARTERS: [&str; 9] = [
     "_Unwind_RaiseException",
     "_Unwind_Resume_or_Rethrow",
     "_Unwind_ForcedUnwind",
     "_Unwind_Backtrace",
+    "backtrace",
     "swapcontext",
     "setcontext",
     "pthread_exit",
@@ -153,7 +154,7 @@ pub(crate) const STARTERS: [&str; 8] = [
 ];
 
 /// The functions hooked, in `Entry` order.
-pub const HOOKED: [&str; 10] = [
+pub const HOOKED: [&str; 11] = [
     "_Unwind_RaiseException",
     "_Unwind_Resume",
     "_Unwind_Resume_or_Rethrow",
@@ -164,6 +165,7 @@ pub const HOOKED: [&str; 10] = [
     "setcontext",
     "pthread_exit",
     "pthread_cancel",
+    "backtrace",
 ];
 
 #[derive(Clone, Copy)]
@@ -179,6 +181,7 @@ enum Entry {
     SetContext,
     PthreadExit,
     PthreadCancel,
+    GlibcBacktrace,
 }
 
 /// The real functions (0: not found in this process).
@@ -1040,6 +1043,42 @@ extern "C-unwind" fn hook_backtrace(trace: *mut c_void, arg: *mut c_void, caller
     r
 }
 
+/// glibc's `backtrace()`, which reaches libgcc's `_Unwind_Backtrace`
+/// through its own `dlsym` (no GOT a hook could rewrite): restored around
+/// the whole walk like `_Unwind_Backtrace`, so a program that logs its own
+/// stack (a crash or watchdog report) gets every frame, as untraced.
+extern "C-unwind" fn hook_glibc_backtrace(buf: *mut *mut c_void, size: libc::c_int, caller_sp: usize) -> libc::c_int {
+    let canary = Cell::new(0u64);
+    before(&canary, caller_sp, frame_pointer());
+    let f: unsafe extern "C-unwind" fn(*mut *mut c_void, libc::c_int) -> libc::c_int = real(Entry::GlibcBacktrace);
+    // The walk starts in this hook (the stub jumped here, so the hook's
+    // return address is the caller's own): the first frame is left out.
+    // Through a buffer one longer, on the stack (crash handlers call
+    // `backtrace`: no allocation), when the caller's is not too long;
+    // else in place, which loses the last frame of a full buffer.
+    const ROOM: usize = 256;
+    let mut local = [std::ptr::null_mut::<c_void>(); ROOM];
+    let n = if size <= 0 {
+        0
+    } else if (size as usize) < ROOM {
+        // SAFETY: the real function, with a buffer of `size + 1` entries of ours.
+        let r = unsafe { f(local.as_mut_ptr(), size + 1) }.max(0) as usize;
+        let n = r.saturating_sub(1).min(size as usize);
+        // SAFETY: the caller's buffer holds `size` >= `n` entries.
+        unsafe { std::ptr::copy_nonoverlapping(local.as_ptr().add(1), buf, n) };
+        n
+    } else {
+        // SAFETY: the real function, with the caller's arguments.
+        let r = unsafe { f(buf, size) }.max(0) as usize;
+        // SAFETY: `r` <= `size` entries of the caller's buffer were written.
+        unsafe { std::ptr::copy(buf.add(1), buf, r.saturating_sub(1)) };
+        r.saturating_sub(1)
+    };
+    std::hint::black_box(&canary);
+    after();
+    n as libc::c_int
+}
+
 /// `__cxa_begin_catch`, called by the catching frame's landing pad at the
 /// sp of its call that threw: frames entered at or below it were unwound.
 extern "C" fn hook_begin_catch(exc: Exc, caller_sp: usize) -> *mut c_void {
@@ -1192,6 +1231,7 @@ ctx_stub!("ftramp_unwind_swapcontext", hook_swapcontext, "rdx", "rcx", "x2", "x3
 ctx_stub!("ftramp_unwind_setcontext", hook_setcontext, "rsi", "rdx", "x1", "x2");
 stub!("ftramp_unwind_pthread_exit", hook_pthread_exit, "rsi", "x1");
 stub!("ftramp_unwind_pthread_cancel", hook_pthread_cancel, "rsi", "x1");
+stub!("ftramp_unwind_glibc_backtrace", hook_glibc_backtrace, "rdx", "x2");
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 extern "C" {
@@ -1206,6 +1246,7 @@ extern "C" {
     fn ftramp_unwind_setcontext();
     fn ftramp_unwind_pthread_exit();
     fn ftramp_unwind_pthread_cancel();
+    fn ftramp_unwind_glibc_backtrace();
 }
 
 /// The hooks' entry stubs, in [`HOOKED`] order.
@@ -1222,6 +1263,7 @@ fn hook_addrs() -> Vec<usize> {
         ftramp_unwind_setcontext,
         ftramp_unwind_pthread_exit,
         ftramp_unwind_pthread_cancel,
+        ftramp_unwind_glibc_backtrace,
     ];
     stubs.iter().map(|f| *f as usize).collect()
 }

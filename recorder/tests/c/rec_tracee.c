@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -461,6 +462,30 @@ static void *stress_caller(void *arg)
 	return (void *)s;
 }
 
+/* backtrace() three traced frames down: glibc reaches libgcc's unwinder
+   through its own dlsym, past the runtime's GOT hooks on _Unwind_*. */
+__attribute__((noinline)) int rec_bt_inner(void)
+{
+    void *frames[64];
+    int n = backtrace(frames, 64);
+    __asm__ volatile("" ::: "memory");
+    return n;
+}
+
+__attribute__((noinline)) int rec_bt_middle(void)
+{
+    int n = rec_bt_inner();
+    __asm__ volatile("" ::: "memory");
+    return n;
+}
+
+__attribute__((noinline)) int rec_bt_outer(void)
+{
+    int n = rec_bt_middle();
+    __asm__ volatile("" ::: "memory");
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "threads";
@@ -619,6 +644,11 @@ int main(int argc, char **argv)
             rec_quick();
         }
         counts();
+        return 0;
+    }
+    if (!strcmp(mode, "backtrace")) {
+        printf("frames %d\n", rec_bt_outer());
+        printf("frames again %d\n", rec_bt_outer());
         return 0;
     }
     if (!strcmp(mode, "titled-daemon")) {
