@@ -990,6 +990,24 @@ pub fn exec_failed() {
     IO_LOCK.unlock();
 }
 
+/// Writes what every thread has recorded so far, and lets them go on
+/// recording: before a program's own handler of a fault runs
+/// ([`crate::sigaction`]'s stand-in).  Such a handler may end the process
+/// in a way no flush follows — SIGKILL, a hang a watchdog ends, a fault
+/// of its own — or write over memory the recorder reads (redis's crash
+/// report tests all anonymous memory in place): the calls up to the fault
+/// are on disk first.  Async-signal-safe; skipped if the trace is being
+/// finished, or if the writer does not let go of the lock within 50 ms.
+pub(crate) fn flush_before_fault_handler() {
+    // SAFETY: getpid cannot fail.
+    if PID.load(Relaxed) != unsafe { libc::getpid() } as u32 || FINISHED.load(SeqCst) || !IO_LOCK.lock_for(500) {
+        return;
+    }
+    pool::flush_all(&DAT);
+    pool::reopen();
+    IO_LOCK.unlock();
+}
+
 /// The signals whose default action ends the process, whose handler (where
 /// the program has none) writes the trace first: the faults, the ones a
 /// terminal, a pipe or another process sends (`prog | head` ends `prog`
@@ -1051,7 +1069,7 @@ fn fatal_signals() -> impl Iterator<Item = i32> {
 
 /// The [`FATAL`] signals a faulting instruction raises (and raises again
 /// if its handler returns).
-fn is_fault(sig: i32) -> bool {
+pub(crate) fn is_fault(sig: i32) -> bool {
     matches!(sig, libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE)
 }
 

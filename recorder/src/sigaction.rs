@@ -35,7 +35,7 @@
 //! recorder's handler — and calls the program's; queries answer the
 //! program's action, flag included, and `SIG_DFL` after the reset.
 
-use crate::session::{is_fatal, on_fatal};
+use crate::session::{flush_before_fault_handler, is_fatal, is_fault, on_fatal};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::Relaxed};
 
@@ -60,6 +60,12 @@ extern "C" fn reset_then_call(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // (Installed only after `sigaction` filled the slot with a handler.)
     let Some((handler, flags)) = one_shot(sig) else { return };
     real_sigaction(sig, &flush_action(), std::ptr::null_mut());
+    // A crash handler (a fault the kernel raised, not one sent) may not
+    // let the process end in a way the trace is written at.
+    // SAFETY: the kernel's siginfo for this delivery (SA_SIGINFO), if any.
+    if is_fault(sig) && !info.is_null() && unsafe { (*info).si_code } > 0 {
+        flush_before_fault_handler();
+    }
     if flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed this handler with SA_SIGINFO: it
         // takes the kernel's three arguments, which we pass on.

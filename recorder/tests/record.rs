@@ -1088,6 +1088,25 @@ fn segv_flushes_what_was_recorded() {
     check_crash("segv", libc_sig::SEGV, "signal 11 (SIGSEGV)", "rec_crash");
 }
 
+/// A program's one-shot crash handler (redis's) may end the process in a
+/// way no flush follows — here it calls traced functions, then SIGKILLs
+/// the process — so what was recorded up to the fault is written before
+/// the handler runs; the handler's own calls are lost with the process.
+/// (Before, every event still in the buffers was lost: `rec_after` had no
+/// event.)
+#[test]
+fn a_crash_handler_that_kills_the_process_leaves_the_calls_before_the_fault() {
+    let (dir, out) = record_tracee("segv-handler-killed", "function_graph", &["segv-handler-killed"], &[]);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc_sig::KILL), "dies the same way");
+    let p = &open(&dir).processes[0];
+    assert_eq!(p.exit, None, "not seen ending");
+    let got = per_function(p);
+    assert_eq!(count(&got, "rec_after"), (10, 10));
+    assert_eq!(count(&got, "rec_before"), (1, 1));
+    assert_eq!(count(&got, "rec_crash"), (1, 0));
+}
+
 /// Every thread's events up to the crash are written.  The spinners go on
 /// calling after the final flush, until the process dies: those events
 /// are counted and reported as such — until the twenty-second session they
@@ -1236,6 +1255,7 @@ fn a_handler_that_restores_the_default_and_reraises_is_recorded() {
 
 mod libc_sig {
     pub const TERM: i32 = 15;
+    pub const KILL: i32 = 9;
     pub const SEGV: i32 = 11;
     pub const ABRT: i32 = 6;
     pub const PIPE: i32 = 13;

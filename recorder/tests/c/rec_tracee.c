@@ -486,6 +486,16 @@ __attribute__((noinline)) int rec_bt_outer(void)
     return n;
 }
 
+/* A crash handler that calls traced functions, then ends the process in a
+   way no flush follows (as a watchdog's SIGKILL, or a handler that faults
+   or hangs, would). */
+static void rec_crash_then_kill(int sig, siginfo_t *info, void *ctx)
+{
+    (void)sig, (void)info, (void)ctx;
+    rec_fib(5);
+    kill(getpid(), SIGKILL);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "threads";
@@ -798,6 +808,18 @@ int main(int argc, char **argv)
         for (int i = 0; i < 5; i++)
             rec_child();
         counts();
+        return 0;
+    }
+    if (!strcmp(mode, "segv-handler-killed")) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = rec_crash_then_kill;
+        sa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_NODEFER;
+        sigaction(SIGSEGV, &sa, NULL);
+        for (int i = 0; i < 10; i++)
+            rec_after();
+        counts();
+        rec_crash(NULL);
         return 0;
     }
     if (!strcmp(mode, "segv")) {
