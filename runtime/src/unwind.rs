@@ -1054,9 +1054,10 @@ extern "C-unwind" fn hook_glibc_backtrace(buf: *mut *mut c_void, size: libc::c_i
     // The walk starts in this hook (the stub jumped here, so the hook's
     // return address is the caller's own): the first frame is left out.
     // Through a buffer one longer, on the stack (crash handlers call
-    // `backtrace`: no allocation), when the caller's is not too long;
-    // else in place, which loses the last frame of a full buffer.
-    const ROOM: usize = 256;
+    // `backtrace`, maybe on a small alternate stack: no allocation, and
+    // 512 bytes), when the caller's is shorter; else in place, which loses
+    // the outermost frame of a buffer the walk fills.
+    const ROOM: usize = 64;
     let mut local = [std::ptr::null_mut::<c_void>(); ROOM];
     let n = if size <= 0 {
         0
