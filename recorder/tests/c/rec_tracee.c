@@ -466,8 +466,9 @@ static void *stress_caller(void *arg)
    through its own dlsym, past the runtime's GOT hooks on _Unwind_*. */
 __attribute__((noinline)) int rec_bt_inner(void)
 {
-    void *frames[64];
-    int n = backtrace(frames, 64);
+    /* A buffer longer than the walk, and one it fills (100 n + m). */
+    void *frames[128], *few[4];
+    int n = backtrace(frames, 128) * 100 + backtrace(few, 4);
     __asm__ volatile("" ::: "memory");
     return n;
 }
