@@ -57,6 +57,11 @@ pub struct RecordArgs {
     /// with this, they go on recording into DIR after it returns).
     #[arg(long)]
     no_wait: bool,
+    /// Say nothing on stderr when all went well: no closing summary and no
+    /// note that PROG's processes are waited for.  Losses, processes that
+    /// ended unseen, a run that recorded nothing and errors are still said.
+    #[arg(short = 'q', long)]
+    quiet: bool,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -368,12 +373,14 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     let status = wait_reaping_orphans(child.id() as libc::pid_t);
     let left_running = !reap_ended_descendants(&inherited);
     if left_running && !a.no_wait {
-        let running = still_running(&dir, &preload);
-        note!(
+        let running = if a.quiet { Vec::new() } else { still_running(&dir, &preload) };
+        if !a.quiet {
+            note!(
             "ftramp record: {} ended; waiting for the processes it left running{} (--no-wait not to)",
             prog.display(),
             if running.is_empty() { String::new() } else { format!(" ({})", pid_list(&running)) }
-        );
+            );
+        }
         wait_for_descendants(&inherited);
     }
     let c = calibrating.finish();
@@ -442,6 +449,9 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     }
     for note in loss_notes(&summary) {
         note!("ftramp record: {note}");
+    }
+    if a.quiet && summary.lost == 0 {
+        return Ok(code);
     }
     note!(
         "ftramp record: {} process image{} recorded in {}{}",

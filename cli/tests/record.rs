@@ -326,6 +326,28 @@ fn losses_are_summarised_by_record_not_written_into_the_programs_stderr() {
     assert!(err.contains(&format!("({} events lost, see above)", t.processes.iter().map(|p| p.lost).sum::<u64>())), "{err}");
 }
 
+/// `-q` leaves the program's stderr as it would be untraced when all went
+/// well, and still says what was lost.
+#[test]
+fn quiet_says_nothing_unless_something_went_wrong() {
+    let d = dir("quiet");
+    let o = record(&d, &["-q"], tracee(), &["fork"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let untraced = Command::new(tracee()).arg("fork").output().unwrap();
+    assert_eq!(stderr(&o), stderr(&untraced), "as untraced");
+    assert_eq!(Trace::open(&d).unwrap().processes.len(), 2);
+    // Processes left running are waited for without a word, too.
+    let script = format!("(sleep 0.3; exec {} threads > /dev/null) & echo started", tracee().display());
+    let o = record(&dir("quiet-background"), &["-q"], Path::new("/bin/sh"), &["-c", &script]);
+    assert!(o.status.success() && stderr(&o).is_empty(), "{}", stderr(&o));
+
+    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-loss-child-quiet");
+    compile(&["-O2"], &exe, &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/loss_child.c"), &[]);
+    let o = record(&dir("quiet-losses"), &["-q", "--buffer-size", "4K", "--buffers", "2"], &exe, &[]);
+    let err = stderr(&o);
+    assert!(err.contains("(buffers full)") && err.contains("events lost, see above"), "{err}");
+}
+
 #[test]
 fn a_filter_that_recorded_nothing_is_reported() {
     let said = "no call of a function matching the filters was recorded (-F rec_nosuch*)";
