@@ -588,27 +588,6 @@ fn children_from_before_the_program_are_not_waited_for() {
     assert_eq!(Trace::open(&d).unwrap().processes.len(), 2, "the program and its child");
 }
 
-/// glibc's `backtrace()` sees every frame under function_graph, as
-/// untraced: a crash or watchdog report a program logs of its own stack
-/// (redis) ended at the first hijacked return (2 frames of 7), since glibc
-/// reaches libgcc's unwinder through its own `dlsym`; the runtime now
-/// hooks `backtrace` itself.
-#[test]
-fn backtrace_sees_every_frame_under_function_graph() {
-    let plain = Command::new(tracee()).arg("backtrace").output().unwrap();
-    let want = String::from_utf8_lossy(&plain.stdout).into_owned();
-    assert!(want.contains("frames again"), "{want}");
-    let d = dir("backtrace");
-    let o = record(&d, &[], tracee(), &["backtrace"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), want, "as untraced");
-    // The calls were traced (their returns hijacked) and returned.
-    let t = Trace::open(&d).unwrap();
-    let p = &t.processes[0];
-    let exits = p.threads.iter().flat_map(|t| &t.events).filter(|e| e.kind == EventKind::Exit && p.func_name(e.func) == "rec_bt_inner").count();
-    assert_eq!(exits, 2);
-}
-
 /// A daemon that writes its title over its environment (nginx, postgres,
 /// sshd) is still known as recording: before, its environment no longer
 /// named the trace, so `--no-wait` said it had ended unseen with its events

@@ -1088,6 +1088,23 @@ fn segv_flushes_what_was_recorded() {
     check_crash("segv", libc_sig::SEGV, "signal 11 (SIGSEGV)", "rec_crash");
 }
 
+/// glibc's `backtrace()` sees every frame under function_graph, as
+/// untraced: a crash or watchdog report a program logs of its own stack
+/// (redis) ended at the first hijacked return (2 frames of 7), since glibc
+/// reaches libgcc's unwinder through its own `dlsym`; the runtime now
+/// hooks `backtrace` itself.  With a buffer longer than the walk and one
+/// it fills (the hook's two paths).
+#[test]
+fn backtrace_sees_every_frame_under_function_graph() {
+    let want = String::from_utf8_lossy(&run_untraced(&built().tracee, &["backtrace"]).stdout).into_owned();
+    assert!(want.contains("frames again"), "{want}");
+    let (dir, out) = record_tracee("backtrace", "function_graph", &["backtrace"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want, "as untraced");
+    // The calls were traced (their returns hijacked) and returned.
+    assert_eq!(count(&per_function(&open(&dir).processes[0]), "rec_bt_inner"), (2, 2));
+}
+
 /// A program's one-shot crash handler (redis's) may end the process in a
 /// way no flush follows — here it calls traced functions, then SIGKILLs
 /// the process — so what was recorded up to the fault is written before
