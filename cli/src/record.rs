@@ -476,6 +476,8 @@ pub fn run(a: RecordArgs) -> Result<i32> {
 /// mapped.
 fn still_running(dir: &Path, preload: &Path) -> Vec<u32> {
     let key = format!("{}=", env::DIR);
+    // (Maps name the file itself, not a symbolic link to it.)
+    let preload = std::fs::canonicalize(preload).unwrap_or_else(|_| preload.to_path_buf());
     let mut pids: Vec<u32> = summarize(dir)
         .unfinished
         .into_iter()
