@@ -305,8 +305,12 @@ unsafe fn exec_env_changes(target: impl FnOnce() -> Option<std::path::PathBuf>, 
         added.retain(|(k, _)| *k != REPLACED[bit]);
         added.extend(value.map(|v| (REPLACED[bit], v)));
     };
+    // An `LD_PRELOAD` of the program's own gets the recorder too.
+    if let Some(own) = value_of("LD_PRELOAD").and_then(startup::with_recorder) {
+        replace(0, Some(own), &mut added);
+    }
     // The new image's sanitizer runtime first, when it gets the recorder.
-    let mut preload = inherited("LD_PRELOAD");
+    let mut preload = added.iter().find(|(k, _)| *k == "LD_PRELOAD").map(|(_, v)| v.clone()).or_else(|| inherited("LD_PRELOAD"));
     if let (Some(target), Some(current)) = (&target, &preload) {
         if let Some(want) = startup::preload_for(target, current).filter(|w| Some(w.as_os_str()) != value_of("LD_PRELOAD")) {
             replace(0, Some(want.clone()), &mut added);

@@ -86,6 +86,7 @@ static BEGUN: AtomicBool = AtomicBool::new(false);
 /// ([`crate::startup`]).  Errors leave the program running untraced.
 pub fn start() {
     crate::startup::restore_user_tunables();
+    crate::startup::remember_recorder_entry();
     if BEGUN.swap(true, Relaxed) {
         if let Some(opts) = OPTIONS.get() {
             pin_dir_in_env(opts);

@@ -129,6 +129,37 @@ pub fn preload_for(prog: &Path, current: &OsStr) -> Option<std::ffi::OsString> {
     Some(out)
 }
 
+/// The recorder's own `LD_PRELOAD` entry, as the process started with it
+/// ([`remember_recorder_entry`]): what an exec adds to an `LD_PRELOAD` the
+/// program set itself.
+static RECORDER_ENTRY: std::sync::OnceLock<std::ffi::OsString> = std::sync::OnceLock::new();
+
+/// Keeps the recorder's entry of the `LD_PRELOAD` the process started
+/// with, before the program can change the variable.
+pub fn remember_recorder_entry() {
+    if let Some(e) = std::env::var_os("LD_PRELOAD").and_then(|v| preload_entries(&v).find(|e| is_recorder(e)).map(OsStr::to_os_string)) {
+        let _ = RECORDER_ENTRY.set(e);
+    }
+}
+
+/// `value` (an `LD_PRELOAD` a program set for the image it execs) with
+/// the recorder put before its entries, as `ftramp record` orders them;
+/// `None` when it has the recorder already (or the recorder's entry is
+/// not known).  A program that sets its own preloads (git's test suite:
+/// `LD_PRELOAD=libc_malloc_debug.so.0` before every test) had its
+/// children run unrecorded, without a word.
+pub fn with_recorder(value: &OsStr) -> Option<std::ffi::OsString> {
+    if preload_entries(value).any(is_recorder) {
+        return None;
+    }
+    let mut out = RECORDER_ENTRY.get()?.clone();
+    for e in preload_entries(value) {
+        out.push(" ");
+        out.push(e);
+    }
+    Some(out)
+}
+
 /// The entries of an `LD_PRELOAD` value (separated by spaces or colons).
 pub fn preload_entries(value: &OsStr) -> impl Iterator<Item = &OsStr> {
     use std::os::unix::ffi::OsStrExt;

@@ -975,6 +975,24 @@ fn a_relative_trace_directory_survives_chdir_and_exec() {
     assert_eq!(count(&per_function(&t.processes[1]), "rec_child"), (5, 5));
 }
 
+/// An exec with an `LD_PRELOAD` of the program's own is followed, the
+/// program's preload kept after the recorder: git's test suite sets
+/// `LD_PRELOAD=libc_malloc_debug.so.0` before every test, and every process
+/// a test started ran unrecorded, without a word.
+#[test]
+fn exec_with_a_preload_of_the_programs_own_is_followed() {
+    if unavailable_under_qemu("exec_with_a_preload_of_the_programs_own_is_followed", EXEC_UNDER_QEMU) {
+        return;
+    }
+    let (dir, out) = record_tracee("exec-own-preload", "function_graph", &["exec-own-preload"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("preload kept"), "{}", String::from_utf8_lossy(&out.stdout));
+    let t = open(&dir);
+    assert_eq!(t.processes.len(), 2);
+    assert_eq!(t.processes[0].exit.as_deref(), Some("exec"));
+    assert_eq!(count(&per_function(&t.processes[1]), "rec_child"), (5, 5));
+}
+
 #[test]
 fn exec_with_an_empty_environment_is_followed() {
     if unavailable_under_qemu("exec_with_an_empty_environment_is_followed", EXEC_UNDER_QEMU) {

@@ -768,6 +768,26 @@ int main(int argc, char **argv)
         perror(mode);
         return 1;
     }
+    if (!strcmp(mode, "exec-own-preload")) {
+        /* An exec with an LD_PRELOAD of the program's own (git's test
+           suite sets libc_malloc_debug.so.0): still recorded, and the
+           program's preload still loaded (the child prints whether). */
+        rec_before();
+        counts();
+        setenv("LD_PRELOAD", "libm.so.6", 1);
+        char *args[] = {argv[0], "exec-child-preload", NULL};
+        execv("/proc/self/exe", args);
+        perror("execv");
+        return 1;
+    }
+    if (!strcmp(mode, "exec-child-preload")) {
+        const char *p = getenv("LD_PRELOAD");
+        printf("preload %s\n", p && strstr(p, "libm.so.6") ? "kept" : "lost");
+        for (int i = 0; i < 5; i++)
+            rec_child();
+        counts();
+        return 0;
+    }
     if (!strcmp(mode, "exec-noenv")) {
         /* An exec with an empty environment: still recorded. */
         rec_before();
