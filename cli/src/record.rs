@@ -346,6 +346,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         .env(env::MAIN_ONLY, if a.main_only { "1" } else { "0" })
         .env(env::BUFFER_SIZE, buffer_size.to_string())
         .env(env::RECORD_PID, std::process::id().to_string())
+        .env(env::QUIET, if a.quiet { "1" } else { "0" })
         .env(ftramp_runtime::clock::ENV, clock.env_value());
     match a.depth {
         Some(d) => cmd.env(env::DEPTH, d.to_string()),
@@ -372,17 +373,21 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     let child = cmd.spawn().with_context(|| format!("running {}", prog.display()))?;
     let status = wait_reaping_orphans(child.id() as libc::pid_t);
     let left_running = !reap_ended_descendants(&inherited);
+    // Waiting for them: a terminal signal (Ctrl-C) ends the wait, and they
+    // go on recording, as with --no-wait.
+    let mut stopped_waiting = None;
     if left_running && !a.no_wait {
         let running = if a.quiet { Vec::new() } else { still_running(&dir, &preload) };
         if !a.quiet {
             note!(
-            "ftramp record: {} ended; waiting for the processes it left running{} (--no-wait not to)",
-            prog.display(),
-            if running.is_empty() { String::new() } else { format!(" ({})", pid_list(&running)) }
+                "ftramp record: {} ended; waiting for the processes it left running{} (--no-wait not to; Ctrl-C stops waiting)",
+                prog.display(),
+                if running.is_empty() { String::new() } else { format!(" ({})", pid_list(&running)) }
             );
         }
-        wait_for_descendants(&inherited);
+        stopped_waiting = wait_for_descendants(&inherited);
     }
+    let still_recording = left_running && (a.no_wait || stopped_waiting.is_some());
     let c = calibrating.finish();
     let calibration = format!(
         "\n# The clock calibration over the whole run, which readers use for every process\n\
@@ -432,16 +437,27 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         }
         _ => 1,
     };
-    let running = if left_running && a.no_wait { still_running(&dir, &preload) } else { Vec::new() };
+    let running = if still_recording { still_running(&dir, &preload) } else { Vec::new() };
     for (pid, n) in summary.unfinished.iter().filter(|(pid, _)| !running.contains(pid)) {
         note!(
             "ftramp record: pid {pid} (image {n}) ended without the recorder seeing it end (SIGKILL, or an \
              exit system call made directly): the events still in its buffers are lost, and not counted"
         );
     }
-    if left_running && a.no_wait {
+    if still_recording {
         note!(
-            "ftramp record: processes {} left running are still recording into {}{} (the counts below are of now)",
+            "ftramp record: {}processes {} left running are still recording into {}{} (the counts below are of now)",
+            stopped_waiting
+                .map(|s| {
+                    let name = match s {
+                        libc::SIGINT => "SIGINT",
+                        libc::SIGQUIT => "SIGQUIT",
+                        libc::SIGTERM => "SIGTERM",
+                        _ => "SIGHUP",
+                    };
+                    format!("stopped waiting ({name}); ")
+                })
+                .unwrap_or_default(),
             prog.display(),
             a.output.display(),
             if running.is_empty() { String::new() } else { format!(": {}", pid_list(&running)) }
@@ -591,13 +607,29 @@ fn reap_ended_descendants(inherited: &[libc::pid_t]) -> bool {
 /// started are not waited for.  (A process orphaned by a descendant is
 /// ours before that descendant can be reaped: the check after each reap
 /// sees it.)
-fn wait_for_descendants(inherited: &[libc::pid_t]) {
+/// Returns the terminal signal that stopped the wait, if one did.
+fn wait_for_descendants(inherited: &[libc::pid_t]) -> Option<libc::c_int> {
+    TERMINAL_SIGNAL.store(0, std::sync::atomic::Ordering::SeqCst);
     while program_children_left(inherited) {
-        if let Reaped::NoChild = reap(0) {
-            break;
+        // The signal may go to another thread of ours (the clock's
+        // calibration), where it interrupts no wait of this one: polled,
+        // every 20 ms, between reaps of whatever ended.
+        match reap(libc::WNOHANG) {
+            Reaped::One(..) => continue,
+            Reaped::NoChild => break,
+            Reaped::NoneEnded => {}
         }
+        let sig = TERMINAL_SIGNAL.load(std::sync::atomic::Ordering::SeqCst);
+        if sig != 0 {
+            return Some(sig);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    None
 }
+
+/// The last terminal signal `ftramp record` got ([`catch_terminal_signals`]).
+static TERMINAL_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// While the program runs: SIGINT, SIGQUIT, SIGTERM and SIGHUP do nothing
 /// to `ftramp record` itself.  They are the signals sent to a whole process
@@ -615,16 +647,22 @@ fn wait_for_descendants(inherited: &[libc::pid_t]) {
 /// would reset to the default action there, and Ctrl-C would then end a
 /// program meant to ignore it).
 fn catch_terminal_signals() {
-    extern "C" fn ignore(_: libc::c_int) {}
+    extern "C" fn note(sig: libc::c_int) {
+        TERMINAL_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+    }
     for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: queries, then (unless ignored) installs an
-        // async-signal-safe handler that does nothing.
+        // async-signal-safe handler that notes the signal (an atomic
+        // store).
         unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
                 continue;
             }
-            libc::signal(sig, ignore as *const () as libc::sighandler_t);
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = note as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
         }
     }
 }

@@ -341,6 +341,14 @@ fn quiet_says_nothing_unless_something_went_wrong() {
     let o = record(&dir("quiet-background"), &["-q"], Path::new("/bin/sh"), &["-c", &script]);
     assert!(o.status.success() && stderr(&o).is_empty(), "{}", stderr(&o));
 
+    // The recorder's note in the program's own stderr is left out too (a
+    // server logging its stderr got it); a run that recorded nothing is
+    // still said at the end.
+    let o = record(&dir("quiet-filter"), &["-q", "-F", "rec_nosuch*"], tracee(), &["fork"]);
+    let err = stderr(&o);
+    assert!(!err.contains("no function loaded at start"), "{err}");
+    assert!(err.contains("no call of a function matching the filters was recorded"), "{err}");
+
     let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-loss-child-quiet");
     compile(&["-O2"], &exe, &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/loss_child.c"), &[]);
     let o = record(&dir("quiet-losses"), &["-q", "--buffer-size", "4K", "--buffers", "2"], &exe, &[]);
@@ -629,6 +637,60 @@ fn a_closed_stderr_keeps_the_programs_status() {
     let st = ftramp().arg("record").arg("-o").arg(&d).arg("--").arg(tracee()).arg("fork").stderr(err).status().unwrap();
     assert_eq!(st.code(), Some(3));
     assert_eq!(Trace::open(&d).unwrap().processes.len(), 2);
+}
+
+/// Ctrl-C stops the wait for the processes the program left running (a
+/// daemon in a session of its own, which the terminal's signal does not
+/// reach): `ftramp record` finishes the trace and names them as still
+/// recording, as with --no-wait.  Before, it ignored every terminal
+/// signal while waiting, and only SIGKILL ended it (trace unfinished).
+#[test]
+fn a_terminal_signal_stops_the_wait_for_processes_left_running() {
+    use std::io::BufRead;
+    let d = dir("stop-waiting");
+    let mut child = ftramp()
+        .arg("record")
+        .arg("-o")
+        .arg(&d)
+        .args(["--", "/bin/sh", "-c", "setsid sleep 30 >/dev/null 2>&1 & echo started"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("waiting for the processes it left running") {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "ended before waiting: {said}");
+        said += &line;
+    }
+    // Once the sleep records (its image's .info is written at its start).
+    let sleeping = || {
+        std::fs::read_dir(&d).unwrap().filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok()).any(|i| i.contains("args = [\"sleep\", \"30\"]"))
+    };
+    for _ in 0..500 {
+        if sleeping() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: signals the `ftramp record` we started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let st = child.wait().unwrap();
+    // The sleep, named as still recording, and still running: not waited for.
+    let pids: Vec<i32> = rest.split("pid ").skip(1).filter_map(|p| p.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()).collect();
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    let alive = pids.iter().filter(|&&p| unsafe { libc::kill(p, 0) } == 0).count();
+    for &pid in &pids {
+        // SAFETY: ends the `sleep` this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert_eq!((pids.len(), alive), (1, 1), "the sleep named and left running: {rest}");
+    assert!(st.success(), "the program's status: {st:?} {rest}");
+    assert!(rest.contains("stopped waiting (SIGINT); processes /bin/sh left running are still recording into"), "{rest}");
+    assert!(std::fs::read_to_string(d.join("info")).unwrap().contains("[calibration]"), "the trace was finished");
 }
 
 /// SIGINT and SIGQUIT ignored where `ftramp record` starts (a shell's `&`

@@ -136,7 +136,7 @@ fn next(name: &std::ffi::CStr) -> *mut libc::c_void {
 }
 
 /// The variables an exec'd image needs to be recorded too.
-const RECORD_ENV: [&str; 14] = [
+const RECORD_ENV: [&str; 15] = [
     "LD_PRELOAD",
     "LD_AUDIT",
     options::ENV_DIR,
@@ -149,6 +149,7 @@ const RECORD_ENV: [&str; 14] = [
     options::ENV_BUFFER_SIZE,
     options::ENV_BUFFERS,
     options::ENV_RECORD_PID,
+    options::ENV_QUIET,
     ftramp_runtime::clock::ENV,
     "FTRAMP_PRELOAD",
 ];

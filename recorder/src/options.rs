@@ -15,12 +15,13 @@
 //! | `FTRAMP_BUFFERS` | buffers in the pool shared by all threads (2..65536; mapped lazily) | `1024` |
 //! | `FTRAMP_CLOCK` | the clock calibration to use (`ftramp_runtime::clock::ENV`) | calibrated |
 //! | `FTRAMP_RECORD_PID` | pid of `ftramp record` (its direct child prints build advice) | — |
+//! | `FTRAMP_QUIET` | `1`: no notes when all goes well (`ftramp record -q`) | `0` |
 
 pub use ftramp_trace::format::record_env::{
     BUFFERS as ENV_BUFFERS, BUFFER_SIZE as ENV_BUFFER_SIZE, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE,
     DEPTH as ENV_DEPTH, DIR as ENV_DIR, FILTER as ENV_FILTER, MAIN_ONLY as ENV_MAIN_ONLY,
     MAX_BUFFERS, MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, MIN_DURATION as ENV_MIN_DURATION,
-    NOTRACE as ENV_NOTRACE, RECORD_PID as ENV_RECORD_PID, TRACER as ENV_TRACER,
+    NOTRACE as ENV_NOTRACE, QUIET as ENV_QUIET, RECORD_PID as ENV_RECORD_PID, TRACER as ENV_TRACER,
 };
 pub use ftramp_trace::format::{parse_duration_ns, parse_size};
 
@@ -62,6 +63,8 @@ pub struct Options {
     pub buffer_size: usize,
     pub buffers: usize,
     pub record_pid: Option<u32>,
+    /// No notes when all goes well (`ftramp record -q`).
+    pub quiet: bool,
 }
 
 /// Splits a filter list: spaces or `;` separate items.
@@ -141,6 +144,7 @@ impl Options {
             buffer_size,
             buffers,
             record_pid: get(ENV_RECORD_PID).and_then(|p| p.parse().ok()),
+            quiet: get(ENV_QUIET).as_deref() == Some("1"),
         }))
     }
 }

@@ -455,13 +455,14 @@ fn write_syms(st: &mut State) {
 /// their parent may be reading (a filter aimed at one program of a build
 /// made every other one print it into its output).
 fn note_no_match_yet(opts: &Options) {
-    if started_by_record(opts) {
+    // (`-q`: the end of the run says if nothing matched in the end.)
+    if started_by_record(opts) && (!opts.quiet || opts.main_only) {
         say(if opts.main_only {
             "no function of the main executable matches the filters: nothing is recorded"
         } else if opts.filter.is_empty() {
-            "-N excludes every function loaded at start; functions of libraries loaded later that it does not exclude are recorded"
+            "-N excludes every function loaded at start; functions loaded later that it does not exclude (libraries, programs run) are recorded"
         } else {
-            "no function loaded at start matches the filters; matching functions of libraries loaded later are recorded"
+            "no function loaded at start matches the filters; matching functions loaded later (libraries, programs run) are recorded"
         });
     }
 }

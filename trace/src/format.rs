@@ -568,6 +568,7 @@ pub mod record_env {
     pub const BUFFER_SIZE: &str = "FTRAMP_BUFFER_SIZE";
     pub const BUFFERS: &str = "FTRAMP_BUFFERS";
     pub const RECORD_PID: &str = "FTRAMP_RECORD_PID";
+    pub const QUIET: &str = "FTRAMP_QUIET";
 
     pub const DEFAULT_BUFFER_SIZE: usize = 128 << 10;
     pub const MIN_BUFFER_SIZE: usize = 4 << 10;
