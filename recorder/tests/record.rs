@@ -1968,11 +1968,18 @@ fn lost_events_are_counted_and_reported() {
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     let p = &open(&dir).processes[0];
-    assert!(p.lost > 0, "2M calls through two 4K buffers lose events");
-    assert!(
-        stderr.contains(&format!("{} events lost", p.lost)),
-        "{stderr}"
-    );
+    // Natively the thread outruns the writer.  Under qemu-user the thread
+    // is emulated slowly enough that on an idle machine the writer may
+    // keep up (seen once in CI): there the invariant below is what is
+    // checked (and `many_live_threads_lose_nothing_by_default` makes
+    // losses without a race).
+    if qemu().is_none() || p.lost > 0 {
+        assert!(p.lost > 0, "2M calls through two 4K buffers lose events");
+        assert!(
+            stderr.contains(&format!("{} events lost", p.lost)),
+            "{stderr}"
+        );
+    }
     // Every event is either in the trace or counted as lost: main, counts
     // and n calls of rec_leaf, entry and exit each.
     let recorded: u64 = p.threads.iter().map(|t| t.events.len() as u64).sum();
