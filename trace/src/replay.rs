@@ -165,7 +165,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions, out: &mut dyn Write) -> io::R
         out,
         "# ftramp replay: {} ({tracer}): {}",
         trace.dir.display(),
-        trace.info.command.join(" ")
+        shell_words(&trace.info.command)
     )?;
     // With filters, processes and threads that show nothing are left out.
     let filtering = !opts.filter.is_empty() || !opts.notrace.is_empty() || opts.min_ns.is_some();
@@ -301,6 +301,17 @@ pub(crate) fn name(names: &[String], p_func: u32) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// `words` as a shell would need them to run the same command: a word
+/// with a space, a quote or another character special to the shell in
+/// single quotes (`sh -c '"/usr/bin/postgres" -V'`, not `sh -c
+/// "/usr/bin/postgres" -V`, which reads as three words), an empty one as
+/// `''`, the others as they are.
+pub fn shell_words(words: &[String]) -> String {
+    let plain = |w: &str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"_./:=@%+,-".contains(&b));
+    let quoted: Vec<String> = words.iter().map(|w| if plain(w) { w.clone() } else { format!("'{}'", w.replace('\'', "'\\''")) }).collect();
+    quoted.join(" ")
+}
+
 /// `# process 12 image 0: /bin/demo arg (forked from 11-0; exit: code 0; lost 3 events)`.
 pub fn process_line(p: &Process) -> String {
     let mut s = format!(
@@ -309,15 +320,9 @@ pub fn process_line(p: &Process) -> String {
         p.image,
         if p.exe.is_empty() { "?" } else { &p.exe }
     );
-    let args: Vec<&String> = p.args.iter().skip(1).collect();
-    if !args.is_empty() {
-        s.push_str(&format!(
-            " {}",
-            args.iter()
-                .map(|a| a.as_str())
-                .collect::<Vec<_>>()
-                .join(" ")
-        ));
+    if p.args.len() > 1 {
+        s.push(' ');
+        s.push_str(&shell_words(&p.args[1..]));
     }
     let mut notes = Vec::new();
     if let Some((pid, n)) = p.forked_from {
@@ -797,6 +802,16 @@ mod tests {
             shown += want.lines().count();
         }
         assert!(shown > 10_000, "the rounds show lines: {shown}");
+    }
+
+    /// Headers show a command as a shell would take it: one word per
+    /// argument (postgres's `sh -c '"/…/postgres" -V'` read as three).
+    #[test]
+    fn headers_quote_the_words_a_shell_would_split() {
+        let w = |v: &[&str]| shell_words(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(w(&["/bin/demo", "-n", "3", "a=b,c:d"]), "/bin/demo -n 3 a=b,c:d");
+        assert_eq!(w(&["sh", "-c", "\"/usr/bin/postgres\" -V"]), "sh -c '\"/usr/bin/postgres\" -V'");
+        assert_eq!(w(&["echo", "it's", "", "$HOME", "*"]), "echo 'it'\\''s' '' '$HOME' '*'");
     }
 
     #[test]
