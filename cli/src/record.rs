@@ -517,17 +517,11 @@ fn still_running(dir: &Path, preload: &Path) -> Vec<u32> {
 /// has no call that lists them everywhere (`/proc/PID/task/TID/children`
 /// needs `CONFIG_PROC_CHILDREN`).
 fn children() -> Vec<libc::pid_t> {
-    // SAFETY: getpid has no preconditions.
-    let me = unsafe { libc::getpid() };
+    let me = std::process::id().to_string();
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut pids: Vec<libc::pid_t> = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<libc::pid_t>().ok())
-                == Some(me)
-        })
+        .filter(|pid| stat_fields(*pid as u32).is_some_and(|f| f.split_whitespace().nth(1) == Some(me.as_str())))
         .collect();
     pids.sort_unstable();
     pids
@@ -540,10 +534,15 @@ fn program_children_left(inherited: &[libc::pid_t]) -> bool {
 
 /// Whether `pid` has ended and waits to be reaped.
 fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
-        .unwrap_or(true)
+    // (Gone counts as ended.)
+    stat_fields(pid).is_none_or(|f| f.trim_start().starts_with('Z'))
+}
+
+/// The fields of `/proc/PID/stat` after the command name (state, ppid, …);
+/// `None` when the process is gone.
+fn stat_fields(pid: u32) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(s.rsplit_once(')')?.1.to_string())
 }
 
 fn pid_list(pids: &[u32]) -> String {

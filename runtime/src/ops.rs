@@ -101,7 +101,7 @@ impl NameWords {
         "parameter", "object", "this", "cast", "static", "local", "initializer",
         // Rust primitives and the demangler's own words
         "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize", "f32", "f64",
-        "str", "dyn", "mut", "unsafe", "extern", "fn", "impl", "as", "closure", "shim", "vtable", "C",
+        "str", "dyn", "mut", "unsafe", "extern", "fn", "impl", "as", "closure", "shim", "C",
     ];
 
     fn of(pattern: &str) -> NameWords {
