@@ -816,6 +816,9 @@ fn end_by(sig: i32) -> ! {
 }
 
 fn finish_image(pid: u32, ending: Ending, tries: u32) {
+    // When the image ends, for the readers: the calls still open now end
+    // here (`exit()` called inside them, a fatal signal, `exec`).
+    let end_ticks = clock::ticks();
     let locked = IO_LOCK.lock_for(tries);
     pool::flush_all(&DAT);
     // Events the buffers could not take, and calls left untraced because
@@ -845,6 +848,7 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
         let _ = writeln!(b, "{key} = {n}");
     }
     let _ = writeln!(b, "lost = {lost}");
+    let _ = writeln!(b, "end_ticks = {}", toml_u64(end_ticks));
     let exit_at = INFO.size().map_or(0, |size| size + b.bytes().len() as u64);
     let _ = match ending {
         Ending::Code(c) => writeln!(b, "exit = \"code {c}\""),

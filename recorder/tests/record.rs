@@ -437,6 +437,30 @@ fn record_graph_ok(name: &str, args: &[&str]) -> (Trace, BTreeMap<String, u64>) 
     (open(&dir), counters(&out.stdout).swap_remove(0))
 }
 
+/// The readers end the calls of `names` that `p` left open (each once) with the image:
+/// the `.info`'s `end_ticks`, at or after their thread's last event.
+fn check_open_calls_end_with_the_image(p: &Process, names: &[&str]) {
+    use ftramp_trace::calls::{End, Step, Walk};
+    let end = p.end_ns.expect("the recorder noted when the image ended");
+    let mut seen = Vec::new();
+    for t in &p.threads {
+        let last = t.span().map_or(0, |s| s.1);
+        Walk::thread(t, true, |s| {
+            if let Step::Leave { func, end: e, .. } = s {
+                let n = p.func_name(func);
+                if names.contains(&n.as_str()) && !matches!(e, End::Returned(_)) {
+                    assert_eq!(e, End::AtEnd(end.max(last)), "{n}");
+                    seen.push(n);
+                }
+            }
+        });
+    }
+    seen.sort();
+    let mut want: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    want.sort();
+    assert_eq!(seen, want);
+}
+
 fn count(m: &BTreeMap<String, (u64, u64)>, f: &str) -> (u64, u64) {
     m.get(f).copied().unwrap_or_default()
 }
@@ -1096,9 +1120,10 @@ fn check_crash(mode: &str, signal: i32, exit: &str, last: &str) {
     let got = per_function(p);
     assert_eq!(count(&got, "rec_after"), (10, 10));
     assert_eq!(count(&got, "rec_before"), (1, 1));
-    // The crashing call and main are unfinished.
+    // The crashing call and main never returned: they end with the image.
     assert_eq!(count(&got, last), (1, 0));
     assert_eq!(count(&got, "main"), (1, 0));
+    check_open_calls_end_with_the_image(p, &[last, "main"]);
 }
 
 #[test]
@@ -1195,6 +1220,7 @@ fn underscore_exit_and_quick_exit_flush_what_was_recorded() {
         assert_eq!(count(&got, "rec_after"), (10, 10), "{how}");
         assert_eq!(count(&got, "rec_leaf"), (leaves, leaves), "{how}");
         assert_eq!(count(&got, "main"), (1, 0), "{how}: main never returned");
+        check_open_calls_end_with_the_image(p, &["main"]);
         assert_eq!(p.lost, 0, "{how}");
     }
 }

@@ -27,7 +27,11 @@ pub enum End {
     Returned(u64),
     /// An outer call's EXIT came first (longjmp, exception): ended by then.
     Unwound(u64),
-    /// No EXIT before the thread's data ended (still running, crashed, or data lost).
+    /// No EXIT, but still open when the image ended at this time (`exit()` called inside
+    /// it, a fatal signal, `exec`): [`Thread::open_until`].
+    AtEnd(u64),
+    /// No EXIT before the thread's data ended, and no known end (the thread exited
+    /// inside it, the image ended unseen, or data was lost).
     Unfinished,
     /// The trace records entries only (`function` tracer).
     NoExit,
@@ -48,7 +52,7 @@ impl Call {
     /// When the call ended, if it did.
     pub fn end_ns(&self) -> Option<u64> {
         match self.end {
-            End::Returned(t) | End::Unwound(t) => Some(t),
+            End::Returned(t) | End::Unwound(t) | End::AtEnd(t) => Some(t),
             End::Unfinished | End::NoExit => None,
         }
     }
@@ -94,7 +98,7 @@ impl Step {
         match *self {
             Step::Leave {
                 entry_ns,
-                end: End::Returned(t) | End::Unwound(t),
+                end: End::Returned(t) | End::Unwound(t) | End::AtEnd(t),
                 ..
             } => Some(t.saturating_sub(entry_ns)),
             _ => None,
@@ -122,15 +126,18 @@ impl Walk {
     }
 
     /// Calls `f` with the steps of every event and loss of `thread`, the calls still
-    /// open at its end last (unfinished, innermost first).
+    /// open at its end last (innermost first: ended at the image's end when
+    /// [`Thread::open_until`] knows it, else unfinished).
     pub fn thread(thread: &Thread, has_exits: bool, mut f: impl FnMut(Step)) -> Walk {
         let mut walk = Walk::new(has_exits);
         thread.for_each(|i| match i {
             Item::Event(ev) => walk.event(&ev, &mut f),
             Item::Loss { ns, what } => walk.loss(ns, what, &mut f),
         });
-        let last_ns = thread.span().map_or(0, |(_, last)| last);
-        walk.finish(last_ns, &mut f);
+        match thread.open_until {
+            Some(end) => walk.finish_at(end, &mut f),
+            None => walk.finish(thread.span().map_or(0, |(_, last)| last), &mut f),
+        }
         walk
     }
 
@@ -193,6 +200,14 @@ impl Walk {
         }
     }
 
+    /// Ends the calls still open as [`End::AtEnd`]: still running when the image ended
+    /// at `end_ns`.
+    pub fn finish_at(&mut self, end_ns: u64, f: &mut impl FnMut(Step)) {
+        while let Some(&(_, entry_ns)) = self.open.last() {
+            self.leave(End::AtEnd(end_ns.max(entry_ns)), end_ns, f);
+        }
+    }
+
     fn leave(&mut self, end: End, at_ns: u64, f: &mut impl FnMut(Step)) {
         if let Some((func, entry_ns)) = self.open.pop() {
             f(Step::Leave {
@@ -236,10 +251,10 @@ impl CallTree {
                     tree.calls.push(Call {
                         func: ev.func,
                         entry_ns: ev.ns,
-                        end: if has_exits {
-                            End::Unfinished
-                        } else {
-                            End::NoExit
+                        end: match (has_exits, thread.open_until) {
+                            (false, _) => End::NoExit,
+                            (true, None) => End::Unfinished,
+                            (true, Some(end)) => End::AtEnd(end.max(ev.ns)),
                         },
                         depth: open.len() as u32,
                         children: Vec::new(),

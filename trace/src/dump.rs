@@ -2,8 +2,10 @@
 //!
 //! - [`chrome`]: Chrome trace-event JSON (the JSON object form), which the Perfetto UI
 //!   and `chrome://tracing` open. Each call is a `B`/`E` pair on its thread (`ts` in
-//!   microseconds since the start of the trace); an unfinished call ends at its thread's
-//!   last event with `args.unfinished`, an unwound one carries `args.unwound`; lost events
+//!   microseconds since the start of the trace); a call still running when its image
+//!   ended (`exit()`, a fatal signal, `exec`) ends then with `args.at_exit`, an unfinished
+//!   one (no known end) at its thread's last event with `args.unfinished`, an unwound one
+//!   carries `args.unwound`; lost events
 //!   are instant (`i`) events; processes and threads get `process_name`/`thread_name`
 //!   metadata. `function` tracer traces give instant events only.
 //! - [`folded`]: folded stacks, one `frame;frame;... value` line per distinct stack with
@@ -163,6 +165,7 @@ fn chrome_thread(out: &mut dyn Write, c: &ChromeThread, t: &Thread) -> io::Resul
                 let args = match end {
                     End::Unwound(_) => ",\"args\":{\"unwound\":true}",
                     End::Unfinished => ",\"args\":{\"unfinished\":true}",
+                    End::AtEnd(_) => ",\"args\":{\"at_exit\":true}",
                     End::Returned(_) | End::NoExit => "",
                 };
                 (func_name(func), "function", "E", at_ns, args)
@@ -195,7 +198,8 @@ pub struct FoldOptions {
 }
 
 /// Folded stacks of the selected threads, sorted: `a;b;c <self ns>` (calls for `function`
-/// tracer traces). Unfinished calls count until their thread's last event.
+/// tracer traces). Calls running at exit count until the image ended, unfinished ones until
+/// their thread's last event.
 pub fn folded(trace: &Trace, opts: &FoldOptions) -> Vec<String> {
     let has_exits = trace.info.has_exits();
     let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
@@ -304,6 +308,7 @@ mod tests {
                             let args = match call.end {
                                 End::Unwound(_) => ",\"args\":{\"unwound\":true}",
                                 End::Unfinished => ",\"args\":{\"unfinished\":true}",
+                                End::AtEnd(_) => ",\"args\":{\"at_exit\":true}",
                                 End::Returned(_) | End::NoExit => "",
                             };
                             (n, "function", "E", tree.end_or_last(c), args)

@@ -7,7 +7,8 @@
 //!                             end of the run `[calibration]` (ticks_per_sec, base_ticks,
 //!                             base_ns), which readers use for every process when present
 //!   task-<pid>-<n>.info       TOML per process image (n = 0 for the first image of a pid,
-//!                             +1 after each exec); `lost = N` and `exit = "..."` appended
+//!                             +1 after each exec); `lost = N`, `end_ticks = T` (when
+//!                             the image ended) and `exit = "..."` appended at its end
 //!   task-<pid>-<n>.sym        one function per line, appended as modules load:
 //!                             `<id> <addr hex> <size dec or 0> <symbol> <module path>`
 //!   task-<pid>-<n>.dat        a sequence of chunks, little-endian

@@ -208,6 +208,12 @@ pub struct Thread {
     pub losses: Vec<Loss>,
     /// The thread's last chunk (flag LAST) was read: it exited while recorded.
     pub exited: bool,
+    /// When the calls this thread left open ended, if known: the end of its image
+    /// ([`Process::end_ns`]) for a thread that had not exited by then, which the calls
+    /// open at an `exit()`, a fatal signal or an `exec` are.  `None`: they are
+    /// unfinished, with no known end (the thread exited inside them, or the image ended
+    /// unseen).
+    pub open_until: Option<u64>,
     /// Where a streamed thread's events are.
     pub(crate) stored: Option<Stored>,
 }
@@ -292,6 +298,10 @@ pub struct Process {
     /// When the image began (ns): the `.info`'s `start_ticks`, else its
     /// first event; `None` when neither is known.
     pub start_ns: Option<u64>,
+    /// When the image ended (ns): the `.info`'s `end_ticks`, which the recorder writes
+    /// as the image ends (`exit`, a fatal signal it catches, `exec`); `None` when it
+    /// ended unseen (SIGKILL) or the trace is older.
+    pub end_ns: Option<u64>,
 }
 
 impl Process {
@@ -435,11 +445,12 @@ impl Trace {
             let info_file = file("info");
             // Made nanoseconds once the calibration is known.
             let mut start_ticks = None;
+            let mut end_ticks = None;
             let calibrated = if have[0] {
                 match std::fs::read_to_string(&info_file) {
                     Ok(text) => {
                         let mut tracer = None;
-                        let ok = parse_process_info(&info_file, &text, &mut p, &mut start_ticks, &mut tracer, &mut problems);
+                        let ok = parse_process_info(&info_file, &text, &mut p, [&mut start_ticks, &mut end_ticks], &mut tracer, &mut problems);
                         image_tracers.extend(tracer);
                         ok
                     }
@@ -490,7 +501,7 @@ impl Trace {
             if !calibrated {
                 uncalibrated.push(processes.len());
             }
-            processes.push((p, have[2], start_ticks));
+            processes.push((p, have[2], start_ticks, end_ticks));
         }
 
         if info_missing {
@@ -513,7 +524,7 @@ impl Trace {
         // The run's calibration, when `ftramp record` wrote one, is every
         // process's.
         if let Some(c) = info.calibration {
-            for (p, _, _) in &mut processes {
+            for (p, ..) in &mut processes {
                 p.calibration = c;
             }
             uncalibrated.clear();
@@ -524,7 +535,7 @@ impl Trace {
             .iter()
             .enumerate()
             .find(|(i, _)| !uncalibrated.contains(i))
-            .map(|(_, (p, _, _))| p.calibration);
+            .map(|(_, (p, ..))| p.calibration);
         for &i in &uncalibrated {
             let p = &mut processes[i].0;
             p.calibration = shared.unwrap_or(Calibration::IDENTITY);
@@ -540,8 +551,9 @@ impl Trace {
         }
 
         let mut out = Vec::with_capacity(processes.len());
-        for (mut p, has_dat, start_ticks) in processes {
+        for (mut p, has_dat, start_ticks, end_ticks) in processes {
             p.start_ns = start_ticks.map(|ticks| p.calibration.to_ns(ticks));
+            p.end_ns = end_ticks.map(|ticks| p.calibration.to_ns(ticks));
             let dat = dir.join(format::task_file_name(p.pid, p.image, "dat"));
             if has_dat {
                 let data = if streamed {
@@ -572,6 +584,11 @@ impl Trace {
             p.lost = p.lost.max(thread_lost);
             if p.start_ns.is_none() {
                 p.start_ns = p.threads.iter().filter_map(|t| t.span()).map(|s| s.0).min();
+            }
+            for t in p.threads.iter_mut().filter(|t| !t.exited) {
+                // (Events of a thread that ran on while the image ended may come
+                // after the end the recorder noted.)
+                t.open_until = p.end_ns.map(|end| t.span().map_or(end, |(_, last)| end.max(last)));
             }
             out.push(p);
         }
@@ -763,7 +780,7 @@ fn parse_process_info(
     path: &Path,
     text: &str,
     p: &mut Process,
-    start_ticks: &mut Option<u64>,
+    [start_ticks, end_ticks]: [&mut Option<u64>; 2],
     tracer: &mut Option<String>,
     problems: &mut Vec<TraceError>,
 ) -> bool {
@@ -817,6 +834,10 @@ fn parse_process_info(
             "tracer" => *tracer = Some(value_str(v)),
             "start_ticks" => match num {
                 Some(n) => *start_ticks = Some(n),
+                None => bad(problems, k, v),
+            },
+            "end_ticks" => match num {
+                Some(n) => *end_ticks = Some(n),
                 None => bad(problems, k, v),
             },
             _ => {}

@@ -12,8 +12,11 @@
 //! ```
 //!
 //! One section per process image and, inside it, per thread. Returns and leaf calls
-//! carry their duration; calls without an EXIT at the end of the data are marked
-//! `unfinished`, calls left by an outer return (longjmp, exceptions) `unwound`, and lost
+//! carry their duration; calls still open when their process image ended (`exit()` called
+//! inside them, a fatal signal, `exec`) are marked `running at exit`, with their time until
+//! then; calls without an EXIT and no known end (the thread exited inside them, the image
+//! was killed unseen) `unfinished`, calls left by an outer return (longjmp, exceptions)
+//! `unwound`, and lost
 //! events are shown where they happened. `function` tracer traces (entries only) print one
 //! line per entry with its time since the start of the trace.
 
@@ -502,6 +505,7 @@ impl Graph<'_> {
                     let how = match end {
                         End::Returned(_) => "",
                         End::Unwound(_) => ": unwound",
+                        End::AtEnd(_) => ": running at exit",
                         End::Unfinished | End::NoExit => ": unfinished",
                     };
                     return line(
@@ -518,6 +522,7 @@ impl Graph<'_> {
                 let how = match end {
                     End::Returned(_) => "",
                     End::Unwound(_) => " /* unwound */",
+                    End::AtEnd(_) => " /* running at exit */",
                     End::Unfinished | End::NoExit => " /* unfinished */",
                 };
                 line(out, dur, self.tid, depth, format_args!("{name}();{how}"))?;
@@ -672,6 +677,7 @@ mod tests {
                     let how = match call.end {
                         End::Returned(_) => "",
                         End::Unwound(_) => ": unwound",
+                        End::AtEnd(_) => ": running at exit",
                         End::Unfinished | End::NoExit => ": unfinished",
                     };
                     line(
@@ -721,6 +727,7 @@ mod tests {
                         let how = match call.end {
                             End::Returned(_) => "",
                             End::Unwound(_) => " /* unwound */",
+                            End::AtEnd(_) => " /* running at exit */",
                             End::Unfinished | End::NoExit => " /* unfinished */",
                         };
                         line(

@@ -9,8 +9,10 @@
 //! - **self**: total minus the time of direct children (summed over all calls);
 //! - **average** and **maximum**: of each call's own duration (entry to exit).
 //!
-//! Times count the calls that ended (returned or unwound); `function` tracer traces have
-//! calls only.
+//! Times count the calls that ended: returned, unwound, or still running when their process
+//! image ended (`exit()` called inside them, a fatal signal, `exec`), until then. Calls
+//! without a known end (the thread exited inside them, the image was killed unseen) count
+//! as calls only, as every call of a `function` tracer trace does.
 
 use crate::calls::{Step, Walk};
 use crate::read::{Thread, Trace};
@@ -183,7 +185,8 @@ fn thread_stats(t: &Thread, has_exits: bool, row_of: &mut impl FnMut(u32) -> u32
             let r = row(func, by_row);
             let (st, active) = &mut by_row[r];
             *active -= 1;
-            // Unfinished calls (and entries-only ones) are counted, without a time.
+            // Unfinished calls (no known end) and entries-only ones are counted, without
+            // a time.
             let Some(d) = s.duration() else { return };
             st.ended += 1;
             st.sum_ns = st.sum_ns.saturating_add(d);

@@ -1,6 +1,7 @@
 //! Random threads for the tests that check a streaming pass against the call tree:
 //! recursion, UNWOUND markers, EXITs of calls further out (longjmp) or of none open,
-//! losses anywhere (also after the last event), and calls left open at the end.
+//! losses anywhere (also after the last event), and calls left open at the end (unfinished,
+//! or ended with the image).
 
 use crate::format::UNWOUND_FUNC;
 use crate::read::{Event, EventKind, Loss, Lost, Thread};
@@ -59,5 +60,8 @@ pub(crate) fn thread(r: &mut Rng, tid: u32, s: &Shape) -> Thread {
     if s.loss_every > 0 && r.below(3) == 0 {
         losses.push(Loss { at: events.len(), ns, what: Lost::Chunks(1) });
     }
-    Thread { tid, events, losses, ..Default::default() }
+    // Half the threads were still running when their image ended: their open calls end
+    // then (at or after the last event, as the reader makes it).
+    let open_until = (r.below(2) == 0).then(|| ns + r.below(s.step_ns + 1));
+    Thread { tid, events, losses, open_until, ..Default::default() }
 }

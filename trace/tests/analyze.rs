@@ -900,3 +900,51 @@ fn images_with_the_same_symbols_share_one_table() {
     }
     assert!(!std::sync::Arc::ptr_eq(&t.processes[0].symbols, &t.processes[1].symbols));
 }
+
+/// Calls still open when their image ended (`exit()` called inside them, a fatal signal,
+/// `exec`: the `.info`'s `end_ticks`) end then, in replay, report and dump, on the threads
+/// still running at the end; a thread that exited inside a call (its LAST chunk) leaves it
+/// unfinished, with no time.
+#[test]
+fn calls_open_when_the_image_ended_end_with_it() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["demo"]);
+    let tail = format!("exit = \"code 0\"\nend_ticks = {}\n", ticks(5000));
+    write_process_info(d, 9, 0, 1, "/bin/demo", None, &tail);
+    write_syms(d, 9, 0, &["main", "work", "finish", "worker"]);
+    // main calls work, then finish, which calls exit(); thread 10 exits inside worker.
+    let mut dat = chunk(9, 0, format::FLAG_FLUSH, 0, 0, &[entry(0, 0), entry(1, 100), exit(1, 200), entry(2, 100)]);
+    dat.extend(chunk(10, 0, format::FLAG_LAST, 0, 0, &[entry(3, 50)]));
+    std::fs::write(dat_path(d, 9, 0), dat).unwrap();
+    let t = open(d).unwrap();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let p = &t.processes[0];
+    assert_eq!(p.end_ns, Some(BASE_NS + 5000));
+    let text = replay_text(&t, &ReplayOptions::default());
+    for l in [
+        "            [     9] | main() {",
+        "   0.200 us [     9] |   work();",
+        "   4.600 us [     9] |   finish(); /* running at exit */",
+        "   5.000 us [     9] | } /* main: running at exit */",
+        "            [    10] | worker(); /* unfinished */",
+    ] {
+        assert!(text.lines().any(|x| x == l), "{l:?} in\n{text}");
+    }
+    let rows = report::stats(&t, &Select::default());
+    let row = |n: &str| rows.iter().find(|s| s.name == n).unwrap().clone();
+    assert_eq!((row("main").calls, row("main").ended, row("main").total_ns, row("main").self_ns), (1, 1, 5000, 200));
+    assert_eq!((row("finish").ended, row("finish").max_ns), (1, 4600));
+    assert_eq!((row("worker").calls, row("worker").ended, row("worker").avg_ns()), (1, 0, None));
+    let mut out = Vec::new();
+    dump::chrome(&t, &Select::default(), &mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let ends: Vec<String> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "E")
+        .map(|e| format!("{} {} {}", e["tid"], e["ts"], e["args"]))
+        .collect();
+    assert_eq!(ends, ["9 0.3 null", "9 5.0 {\"at_exit\":true}", "9 5.0 {\"at_exit\":true}", "10 0.05 {\"unfinished\":true}"]);
+}
