@@ -517,6 +517,7 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
             ftrace()
                 .register(ops.clone())
                 .map_err(|e| format!("cannot start tracing: {e}"))?;
+            let _ = FUNCTION_OPS.set(ops.clone());
             st.ops = Some(ops);
         }
         Tracer::FunctionGraph => {
@@ -750,6 +751,17 @@ impl std::fmt::Display for SignalName {
 static MISSES_AT_FORK: AtomicU64 = AtomicU64::new(0);
 static RECURSION_MISSES_AT_FORK: AtomicU64 = AtomicU64::new(0);
 
+/// The `function` tracer's ops, once registered: its recursion guard's
+/// misses are reported at the image's end with fgraph's.
+static FUNCTION_OPS: OnceLock<Arc<Ops>> = OnceLock::new();
+
+/// Calls a recursion guard left untraced (a signal handler interrupting a
+/// callback) over the process's life: fgraph's (function_graph) and the
+/// `function` tracer's ops'.  Async-signal-safe (atomic loads).
+fn recursion_misses() -> u64 {
+    fgraph::recursion_misses() + FUNCTION_OPS.get().map_or(0, |o| o.recursion_misses())
+}
+
 /// How the image ended.
 #[derive(Clone, Copy)]
 pub enum Ending {
@@ -831,11 +843,14 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     // gone, hence "at least" below).
     let late_at_flush = pool::lost_after_flush();
     // And calls made while this thread was inside fgraph or the recorder
-    // (a signal handler interrupting a callback): fgraph's recursion guard
-    // leaves them untraced.
-    let nested = fgraph::recursion_misses().wrapping_sub(RECURSION_MISSES_AT_FORK.load(Relaxed));
+    // (a signal handler interrupting a callback): the recursion guards
+    // (fgraph's, the function tracer's ops') leave them untraced.  Each is
+    // an entry and an exit, or an entry alone for the function tracer
+    // (whose misses went unreported until the twenty-sixth session).
+    let nested = recursion_misses().wrapping_sub(RECURSION_MISSES_AT_FORK.load(Relaxed));
+    let per_call = if FUNCTION_OPS.get().is_some() { 1 } else { 2 };
     // And events whose chunk could not be written (reported below).
-    let lost = dropped + late_at_flush + 2 * missed + 2 * nested + tracefile::failed_events();
+    let lost = dropped + late_at_flush + 2 * missed + per_call * nested + tracefile::failed_events();
     if let Ending::Exec = ending {
         if let Some(size) = INFO.size() {
             INFO_LEN_BEFORE_EXEC.store(size, Relaxed);
@@ -1272,7 +1287,7 @@ extern "C" fn fork_child() {
             pool.reset_after_fork(pool::current_slot(), clock::ticks());
         }
         MISSES_AT_FORK.store(fgraph::misses(), Relaxed);
-        RECURSION_MISSES_AT_FORK.store(fgraph::recursion_misses(), Relaxed);
+        RECURSION_MISSES_AT_FORK.store(recursion_misses(), Relaxed);
         tracefile::reset_failures();
         let pid = std::process::id();
         match open_image(pid, Some(parent)) {
