@@ -33,6 +33,8 @@ if [[ "$(uname -m)" == x86_64 ]]; then
     command -v clang-14 >/dev/null || need_pkgs+=(clang-14)
     dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need_pkgs+=(libclang-rt-14-dev)
     command -v uftrace >/dev/null || need_pkgs+=(uftrace)
+    # Boost.Context fibers (cli/tests/build_flags.rs: its stack switches).
+    dpkg -s libboost-context-dev >/dev/null 2>&1 || need_pkgs+=(libboost-context-dev)
 fi
 command -v cc >/dev/null || need_pkgs+=(gcc)
 if ((${#need_pkgs[@]})); then

@@ -302,6 +302,117 @@ fn cxx_built_by_gxx_and_clangxx_is_traced() {
     }
 }
 
+/// A C++ program on Boost.Context fibers: generators whose traced functions
+/// switch stacks from two calls down, exceptions thrown and caught on a
+/// fiber's stack.  Boost switches with its own assembly (`jump_fcontext`,
+/// `ontop_fcontext`), which the runtime hooks as it does `swapcontext`: a
+/// frame active at a switch gets no exit (the program counts those as
+/// `unwound`), every other call returns as recorded.  Before the
+/// twenty-sixth session the first switch back ended the program ("a
+/// hijacked return found no shadow-stack frame").
+const BOOST_FIBERS: &str = r#"
+#include <boost/context/fiber.hpp>
+#include <cstdio>
+#include <stdexcept>
+namespace ctx = boost::context;
+#define FUNC __attribute__((noinline))
+
+static unsigned long n_leaf, n_deep, n_produce, n_thrower, n_thrown, n_catcher, n_consume, n_main;
+
+FUNC int leaf(int x) { n_leaf++; return x * 2 + 1; }
+
+/* Switches back to main from two traced calls down (produce -> deep). */
+FUNC ctx::fiber deep(ctx::fiber &&sink, int i)
+{
+    n_deep++;
+    leaf(i);
+    return std::move(sink).resume();
+}
+
+FUNC ctx::fiber produce(ctx::fiber &&sink)
+{
+    n_produce++;
+    for (int i = 0; i < 5; i++)
+        sink = deep(std::move(sink), i);
+    return std::move(sink);
+}
+
+FUNC int thrower(int x)
+{
+    n_thrower++;
+    if (x % 2) {
+        n_thrown++;
+        throw std::runtime_error("odd");
+    }
+    return leaf(x);
+}
+
+FUNC int catcher(int x)
+{
+    n_catcher++;
+    try {
+        return thrower(x);
+    } catch (const std::exception &) {
+        return -1;
+    }
+}
+
+FUNC int consume(int i) { n_consume++; return leaf(i) + catcher(i); }
+
+int main()
+{
+    n_main++;
+    int sum = 0, caught = 0;
+    ctx::fiber f{[](ctx::fiber &&sink) { return produce(std::move(sink)); }};
+    for (int i = 0; i < 6; i++) {
+        f = std::move(f).resume();
+        sum += consume(i);
+    }
+    ctx::fiber g{[&caught](ctx::fiber &&sink) {
+        for (int i = 0; i < 4; i++)
+            caught += catcher(i) < 0;
+        return std::move(sink);
+    }};
+    g = std::move(g).resume();
+    std::printf("sum %d caught %d\n", sum, caught);
+    std::printf("calls leaf %lu\ncalls deep %lu\ncalls produce %lu\ncalls thrower %lu\n", n_leaf, n_deep, n_produce, n_thrower);
+    std::printf("calls catcher %lu\ncalls consume %lu\ncalls main %lu\n", n_catcher, n_consume, n_main);
+    /* Active at a switch: every deep, produce, and main (it resumes). */
+    std::printf("unwound deep %lu\nunwound produce %lu\nunwound main %lu\nunwound thrower %lu\n", n_deep, n_produce, n_main, n_thrown);
+    return 0;
+}
+"#;
+
+#[test]
+fn boost_context_fibers_are_traced() {
+    let cxx = "clang++-14";
+    let header = std::path::Path::new("/usr/include/boost/context/fiber.hpp");
+    if !runs(cxx, &["--version"]) || !header.exists() {
+        let what = "clang++-14 and Boost.Context (apt-get install clang-14 libboost-context-dev)";
+        assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "CI needs {what}");
+        eprintln!("skipped: needs {what}");
+        return;
+    }
+    let dir = scratch("boost");
+    std::fs::write(dir.join("prog.cpp"), BOOST_FIBERS).unwrap();
+    let exe = dir.join("prog");
+    compile(
+        Command::new(cxx)
+            .arg("-O2")
+            .args(cflags_for(cxx))
+            .arg("-o")
+            .arg(&exe)
+            .arg(dir.join("prog.cpp"))
+            .arg("-lboost_context"),
+    );
+    let untraced = Command::new(&exe).output().unwrap();
+    assert!(untraced.status.success());
+    let out = check(&dir, &exe, &[], |_| true);
+    assert_eq!(out, String::from_utf8_lossy(&untraced.stdout), "the program's output as untraced");
+    assert!(out.contains("sum 48 caught 2"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn rust_built_by_nightly_with_patchable_entries_is_traced() {
     if !runs("rustc", &["+nightly", "--version"]) {

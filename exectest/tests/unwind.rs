@@ -87,6 +87,17 @@ unsafe extern "C" {
     safe fn uc_deep2();
     safe fn uc_deep(k: i64);
     safe fn uc_setctx(n: i64) -> i64;
+    safe fn uc_bt_inner(k: i64) -> i32;
+    safe fn uc_bt_outer(k: i64) -> i32;
+    safe fn uc_backtrace(which: i32) -> i64;
+}
+
+// SAFETY: tests/c/tracee_unwind.cpp's coroutine runner: integers only;
+// every exception is caught on the coroutine's stack, which ends (through
+// uc_link) before `unw_coro` returns.
+unsafe extern "C" {
+    safe fn unw_coro(iters: i64, which: i32) -> i64;
+    safe fn unw_coro_entry();
 }
 
 // SAFETY: tests/c/tracee_unwind.cpp's pthread_exit runner: integers only;
@@ -672,6 +683,48 @@ fn context_switches_through_traced_frames() {
     assert_eq!(got[7], (4 * 2, 0), "uc_deep2");
     assert_eq!(got[8], (4 * 2, 0), "uc_deep");
     assert_eq!(got[9], (2, 0), "uc_setctx");
+}
+
+/// C++ exceptions thrown and caught inside a `makecontext` coroutine (static
+/// and mmap'ed stack), through traced frames on it, and `backtrace()` two
+/// traced calls down on such a stack: as untraced.  The hooks restore the
+/// frames of the stack the unwinder runs on; until the twenty-sixth session
+/// that was always the thread's own, so the coroutine's frames kept
+/// `return_to_handler`: std::terminate, and a backtrace of 2 frames
+/// instead of 5 (found by a helper with Boost-free ucontext programs).
+#[test]
+fn exceptions_and_backtraces_on_a_coroutines_stack() {
+    let _l = lock();
+    let run = || ([unw_coro(4, 0), unw_coro(4, 1)], [uc_backtrace(0), uc_backtrace(1)]);
+    unw_reset();
+    let untraced = run();
+    let truth = cpp_funcs();
+    assert_eq!(untraced.0, [unw_loop_expect(4, 2); 2]);
+    assert!(untraced.1.iter().all(|n| *n >= 3), "backtrace sees the traced frames: {:?}", untraced.1);
+    let f = |p: *const ()| p as usize;
+    let mut funcs: Vec<usize> = truth.iter().map(|t| t.0).collect();
+    funcs.extend([f(unw_coro_entry as *const ()), f(uc_bt_inner as *const ()), f(uc_bt_outer as *const ()), f(uc_backtrace as *const ())]);
+    let u = counting_user(&funcs);
+    let unrestored = unwind::unrestored_frames();
+    unw_reset();
+    let traced = run();
+    let depth = fgraph::depth();
+    let got: Vec<(u64, u64)> = (0..funcs.len()).map(counts).collect();
+    let unknown = UNKNOWN.load(SeqCst);
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(traced, untraced, "the program's results and backtraces");
+    assert_eq!((depth, unknown), (0, 0));
+    assert_eq!(unwind::unrestored_frames(), unrestored, "every return slot was found");
+    let n = truth.len();
+    for (i, (a, c, r)) in truth.iter().enumerate() {
+        assert_eq!(got[i], (*c as u64, *r as u64), "function {i} at {a:#x}: (entries, returns) vs (calls, normal returns)");
+    }
+    // The coroutines' entries end through uc_link, each returning once;
+    // the backtrace functions return normally, on both stacks, except
+    // `uc_backtrace(1)`, active at its `swapcontext` (no return callback,
+    // the rule of context switches).
+    assert_eq!(got[n], (2, 2), "unw_coro_entry");
+    assert_eq!((got[n + 1], got[n + 2], got[n + 3]), ((2, 2), (2, 2), (2, 1)), "uc_bt_inner, uc_bt_outer, uc_backtrace");
 }
 
 /// `pthread_exit` two traced frames down, the innermost without cleanups:

@@ -92,7 +92,9 @@
 //!
 //! # Context switches
 //!
-//! `swapcontext` and `setcontext` leave the stack the shadow stack is in
+//! `swapcontext` and `setcontext`, and Boost.Context's `jump_fcontext` and
+//! `ontop_fcontext` (which Boost's fibers, continuations, Coroutine2 and
+//! Fiber reach through the PLT), leave the stack the shadow stack is in
 //! step with.  Their hooks (`leave_stack`) restore every frame — on the
 //! current stack above the caller, plus a traced function that tail-called
 //! the switch, whose return address is the hook's own (a stub passes where
@@ -120,8 +122,8 @@
 //!
 //! Not covered: modules linked statically with the unwinder,
 //! `dlopen`ed modules that throw before the module watcher hooked them,
-//! and stack switches that do not go through the two functions above
-//! (hand-written assembly).
+//! and stack switches that do not go through the functions above (other
+//! hand-written assembly: libaco's, libco's).
 //!
 //! [`fgraph::stale_frames`]: crate::fgraph::stale_frames
 
@@ -141,7 +143,7 @@ use std::sync::Mutex;
 /// (the others, `_Unwind_Resume` and `__cxa_begin_catch`, continue or end
 /// one a hooked start began): a module that imports one of them must be
 /// hooked before traced code can reach it.
-pub(crate) const STARTERS: [&str; 9] = [
+pub(crate) const STARTERS: [&str; 11] = [
     "_Unwind_RaiseException",
     "_Unwind_Resume_or_Rethrow",
     "_Unwind_ForcedUnwind",
@@ -151,10 +153,12 @@ pub(crate) const STARTERS: [&str; 9] = [
     "setcontext",
     "pthread_exit",
     "pthread_cancel",
+    "jump_fcontext",
+    "ontop_fcontext",
 ];
 
 /// The functions hooked, in `Entry` order.
-pub const HOOKED: [&str; 11] = [
+pub const HOOKED: [&str; 13] = [
     "_Unwind_RaiseException",
     "_Unwind_Resume",
     "_Unwind_Resume_or_Rethrow",
@@ -166,6 +170,8 @@ pub const HOOKED: [&str; 11] = [
     "pthread_exit",
     "pthread_cancel",
     "backtrace",
+    "jump_fcontext",
+    "ontop_fcontext",
 ];
 
 #[derive(Clone, Copy)]
@@ -182,6 +188,8 @@ enum Entry {
     PthreadExit,
     PthreadCancel,
     GlibcBacktrace,
+    JumpFcontext,
+    OntopFcontext,
 }
 
 /// The real functions (0: not found in this process).
@@ -495,12 +503,56 @@ struct Thread {
     canary: Cell<u64>,
     /// This thread's stack `[lo, hi)`, once known.
     stack: Cell<(usize, usize)>,
+    /// The stack the restored frames are on, as [`current_stack`] found it
+    /// at the restore: the thread's own, or a coroutine's (`(0, 0)`: none
+    /// restored).
+    restored_on: Cell<(usize, usize)>,
 }
 
 thread_local! {
     static THREAD: Thread = const {
-        Thread { restored: RefCell::new(Vec::new()), canary_at: Cell::new(0), canary: Cell::new(0), stack: Cell::new((0, 0)) }
+        Thread {
+            restored: RefCell::new(Vec::new()),
+            canary_at: Cell::new(0),
+            canary: Cell::new(0),
+            stack: Cell::new((0, 0)),
+            restored_on: Cell::new((0, 0)),
+        }
     };
+}
+
+/// The stack the frames live on as seen from `caller_sp`: the thread's own
+/// when `caller_sp` lies on it or on the alternate signal stack; otherwise
+/// (a coroutine's stack, `makecontext`, whose bounds are unknown) the range
+/// from `caller_sp` up to where the frames' entry sps stop climbing in
+/// steps of at most [`MAX_FRAME_GAP`] (after the last context switch every
+/// frame on the shadow stack is on the current stack: [`leave_stack`]).
+fn current_stack(fr: &dyn Frames, caller_sp: usize, thread: (usize, usize), alt: Option<(usize, usize)>) -> (usize, usize) {
+    if within(thread, caller_sp) || alt.is_some_and(|r| within(r, caller_sp)) {
+        return thread;
+    }
+    // (A frame at or below `caller_sp` tail-called the hook, or was
+    // unwound.)
+    let mut top = caller_sp;
+    fr.each(&mut |_, _, fsp| {
+        if fsp <= caller_sp {
+            return true;
+        }
+        let up = fsp >= top && fsp - top <= MAX_FRAME_GAP;
+        if up {
+            top = fsp;
+        }
+        up
+    });
+    (caller_sp, top + 8)
+}
+
+/// The stack of the frames a hook restored (the thread's own when none).
+fn restored_stack(t: &Thread) -> (usize, usize) {
+    match t.restored_on.get() {
+        (_, 0) => thread_stack(t),
+        r => r,
+    }
 }
 
 /// The alternate signal stack `[lo, hi)`, if one is set (one syscall;
@@ -580,9 +632,11 @@ impl Stacks {
 
 fn read(a: usize) -> usize {
     // SAFETY: callers pass 8-aligned addresses that `Stacks::live`/
-    // `readable`/`mapped` placed on this thread's stack (or the stack a
-    // signal interrupted) above the current sp, or that a restore found
-    // there: mapped for as long as the thread runs.
+    // `readable`/`mapped` placed on the current stack (the thread's own, or
+    // a coroutine's from the hook's sp up to its outermost traced frame's
+    // return slot, `current_stack`; or the stack a signal interrupted)
+    // above the current sp, or that a restore found there: mapped while
+    // the thread runs on it.
     unsafe { std::ptr::read_volatile(a as *const usize) }
 }
 
@@ -729,6 +783,7 @@ fn rehijack(fr: &dyn Frames, t: &Thread, st: &Stacks, rth: usize, keep: &dyn Fn(
         true
     });
     table.clear();
+    t.restored_on.set((0, 0));
     t.canary_at.set(0);
     fr.set_restored(false);
 }
@@ -744,9 +799,11 @@ pub(crate) fn lazy_rehijack(fr: &dyn Frames, sp: usize, rth: usize) {
             // interrupted the unwinder.  Wait for a later entry.
             return;
         }
-        let thread = match t.stack.get() {
-            (_, 0) => (0, usize::MAX),
-            r => r,
+        // (A coroutine's stack when the restore found the frames there.)
+        let thread = match (t.restored_on.get(), t.stack.get()) {
+            (r, _) if r.1 != 0 => r,
+            (_, (_, 0)) => (0, usize::MAX),
+            (_, r) => r,
         };
         let st = Stacks { sp, thread, alt: alt_stack() };
         rehijack(fr, t, &st, rth, &|fsp| st.live(fsp));
@@ -865,7 +922,15 @@ fn before(canary: &Cell<u64>, caller_sp: usize, fp: usize) {
             canary.set(v);
             t.canary.set(v);
             t.canary_at.set(at);
-            restore(fr, t, Stacks { sp: caller_sp, thread: thread_stack(t), alt: alt_stack() }, fp, rth);
+            // (On a coroutine's stack, its frames: until the twenty-sixth
+            // session only the thread stack's were restored, so an
+            // exception thrown and caught inside a `makecontext` coroutine
+            // met `return_to_handler` and ended in std::terminate, and
+            // `backtrace()` there stopped at the first hijacked return.)
+            let alt = alt_stack();
+            let cur = current_stack(fr, caller_sp, thread_stack(t), alt);
+            t.restored_on.set(cur);
+            restore(fr, t, Stacks { sp: caller_sp, thread: cur, alt }, fp, rth);
         });
     });
 }
@@ -893,24 +958,8 @@ const MAX_FRAME_GAP: usize = 8 << 20;
 fn leave_stack(caller_sp: usize, ret_slot: usize, fp: usize) {
     let _ = THREAD.try_with(|t| {
         crate::fgraph::with_thread_frames(|fr, rth| {
-            let (thread, alt) = (thread_stack(t), alt_stack());
-            let cur = if within(thread, caller_sp) || alt.is_some_and(|r| within(r, caller_sp)) {
-                thread
-            } else {
-                // (A frame at or below `caller_sp` tail-called the hook.)
-                let mut top = caller_sp;
-                fr.each(&mut |_, _, fsp| {
-                    if fsp <= caller_sp {
-                        return true;
-                    }
-                    let up = fsp >= top && fsp - top <= MAX_FRAME_GAP;
-                    if up {
-                        top = fsp;
-                    }
-                    up
-                });
-                (caller_sp, top + 8)
-            };
+            let alt = alt_stack();
+            let cur = current_stack(fr, caller_sp, thread_stack(t), alt);
             restore(fr, t, Stacks { sp: caller_sp, thread: cur, alt }, fp, rth);
             if read(ret_slot) == rth {
                 // The entry sp of a function that tail-called the hook.
@@ -931,6 +980,7 @@ fn leave_stack(caller_sp: usize, ret_slot: usize, fp: usize) {
             if let Ok(mut table) = t.restored.try_borrow_mut() {
                 table.clear();
             }
+            t.restored_on.set((0, 0));
             t.canary_at.set(0);
             fr.set_restored(false);
         });
@@ -942,7 +992,7 @@ fn after() {
     let _ = THREAD.try_with(|t| {
         crate::fgraph::with_thread_frames(|fr, rth| {
             if t.restored.try_borrow().is_ok_and(|r| !r.is_empty()) {
-                let st = Stacks { sp: 0, thread: thread_stack(t), alt: alt_stack() };
+                let st = Stacks { sp: 0, thread: restored_stack(t), alt: alt_stack() };
                 rehijack(fr, t, &st, rth, &|_| true);
             }
         });
@@ -1088,7 +1138,7 @@ extern "C" fn hook_begin_catch(exc: Exc, caller_sp: usize) -> *mut c_void {
             if t.restored.try_borrow().is_ok_and(|r| r.is_empty()) {
                 return;
             }
-            let st = Stacks { sp: caller_sp, thread: thread_stack(t), alt: alt_stack() };
+            let st = Stacks { sp: caller_sp, thread: restored_stack(t), alt: alt_stack() };
             let mut dead = 0;
             fr.each(&mut |_, _, fsp| {
                 let gone = !st.live(fsp) && (st.on_alt(fsp) == st.on_alt(caller_sp));
@@ -1115,6 +1165,35 @@ extern "C" fn hook_swapcontext(oucp: *mut c_void, ucp: *const c_void, caller_sp:
     let f: unsafe extern "C" fn(*mut c_void, *const c_void) -> libc::c_int = real(Entry::SwapContext);
     // SAFETY: the real function, with the caller's arguments.
     unsafe { f(oucp, ucp) }
+}
+
+/// Boost.Context's `transfer_t` (`{ fcontext_t fctx; void *data; }`),
+/// returned in two registers.
+#[repr(C)]
+struct Transfer {
+    fctx: *mut c_void,
+    data: *mut c_void,
+}
+
+/// Boost.Context's `jump_fcontext(to, vp)` (libboost_context, called
+/// through the PLT by the inline code of `fiber`, `continuation`,
+/// Coroutine2 and Fiber): a stack switch like `swapcontext`'s, done as
+/// [`hook_swapcontext`] does; when the context left is resumed, the real
+/// function returns here with what was passed.
+extern "C" fn hook_jump_fcontext(to: *mut c_void, vp: *mut c_void, caller_sp: usize, ret_slot: usize) -> Transfer {
+    leave_stack(caller_sp, ret_slot, frame_pointer());
+    let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> Transfer = real(Entry::JumpFcontext);
+    // SAFETY: the real function, with the caller's arguments.
+    unsafe { f(to, vp) }
+}
+
+/// Boost.Context's `ontop_fcontext(to, vp, fn)`: a switch to `to` that
+/// calls `fn` on top of it first; as [`hook_jump_fcontext`].
+extern "C" fn hook_ontop_fcontext(to: *mut c_void, vp: *mut c_void, func: *mut c_void, caller_sp: usize, ret_slot: usize) -> Transfer {
+    leave_stack(caller_sp, ret_slot, frame_pointer());
+    let f: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_void) -> Transfer = real(Entry::OntopFcontext);
+    // SAFETY: the real function, with the caller's arguments.
+    unsafe { f(to, vp, func) }
 }
 
 /// `setcontext`: as [`hook_swapcontext`]; returns only on an error.
@@ -1233,6 +1312,8 @@ ctx_stub!("ftramp_unwind_setcontext", hook_setcontext, "rsi", "rdx", "x1", "x2")
 stub!("ftramp_unwind_pthread_exit", hook_pthread_exit, "rsi", "x1");
 stub!("ftramp_unwind_pthread_cancel", hook_pthread_cancel, "rsi", "x1");
 stub!("ftramp_unwind_glibc_backtrace", hook_glibc_backtrace, "rdx", "x2");
+ctx_stub!("ftramp_unwind_jump_fcontext", hook_jump_fcontext, "rdx", "rcx", "x2", "x3");
+ctx_stub!("ftramp_unwind_ontop_fcontext", hook_ontop_fcontext, "rcx", "r8", "x3", "x4");
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 extern "C" {
@@ -1248,6 +1329,8 @@ extern "C" {
     fn ftramp_unwind_pthread_exit();
     fn ftramp_unwind_pthread_cancel();
     fn ftramp_unwind_glibc_backtrace();
+    fn ftramp_unwind_jump_fcontext();
+    fn ftramp_unwind_ontop_fcontext();
 }
 
 /// The hooks' entry stubs, in [`HOOKED`] order.
@@ -1265,6 +1348,8 @@ fn hook_addrs() -> Vec<usize> {
         ftramp_unwind_pthread_exit,
         ftramp_unwind_pthread_cancel,
         ftramp_unwind_glibc_backtrace,
+        ftramp_unwind_jump_fcontext,
+        ftramp_unwind_ontop_fcontext,
     ];
     stubs.iter().map(|f| *f as usize).collect()
 }

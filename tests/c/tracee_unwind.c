@@ -237,6 +237,54 @@ TRACEE long uc_setctx(long n)
 	return uc_k * 100 + uc_leaf(uc_k);
 }
 
+/* --- backtrace() inside traced frames on a coroutine's stack: the frames
+ * it returns, to compare with an untraced run. */
+#include <execinfo.h>
+
+static int uc_bt_frames;
+
+TRACEE int uc_bt_inner(long k)
+{
+	void *pc[64];
+	uc_bt_frames = backtrace(pc, 64);
+	__asm__ volatile("" ::: "memory"); /* (no tail call above) */
+	return uc_bt_frames + (int)uc_leaf(k);
+}
+
+TRACEE int uc_bt_outer(long k)
+{
+	int r = uc_bt_inner(k);
+	__asm__ volatile("" ::: "memory");
+	return r;
+}
+
+static void uc_bt_entry(void)
+{
+	uc_bt_outer(1);
+}
+
+/* backtrace()'s frame count two traced calls down on a coroutine's mmap'ed
+ * stack (which 1) or on the thread's stack (which 0). */
+TRACEE long uc_backtrace(int which)
+{
+	size_t size = 128 * 1024;
+	if (!which) {
+		uc_bt_outer(1);
+		return uc_bt_frames;
+	}
+	char *stack = mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (stack == MAP_FAILED)
+		return -1;
+	getcontext(&uc_co);
+	uc_co.uc_stack.ss_sp = stack;
+	uc_co.uc_stack.ss_size = size;
+	uc_co.uc_link = &uc_main;
+	makecontext(&uc_co, uc_bt_entry, 0);
+	swapcontext(&uc_main, &uc_co);
+	munmap(stack, size);
+	return uc_bt_frames;
+}
+
 /* --- siglongjmp out of signal handlers that interrupted the runtime: a
  * thread loops over traced calls while another sends it SIGUSR1 every few
  * microseconds; the handler siglongjmps back into the loop, so some

@@ -321,3 +321,42 @@ extern "C" long unw_cancel_run(long n)
 	}
 	return cancelled * 1000 + __atomic_load_n(&cancel_dtors, __ATOMIC_SEQ_CST);
 }
+
+/* --- Exceptions inside a coroutine (makecontext): unw_loop run on a
+ * coroutine's stack, static (which 0) or mmap'ed (which 1), every exception
+ * thrown and caught there, no switch while its frames are live. */
+#include <sys/mman.h>
+#include <ucontext.h>
+
+static ucontext_t coro_main, coro_co;
+static long coro_iters, coro_result;
+static char coro_bss_stack[256 * 1024] __attribute__((aligned(16)));
+
+/* The coroutine's function (traced, on the coroutine's stack); it ends
+ * through uc_link. */
+TRACEE void unw_coro_entry(void)
+{
+	coro_result = unw_loop(coro_iters, 2);
+}
+
+extern "C" long unw_coro(long iters, int which)
+{
+	size_t size = sizeof coro_bss_stack;
+	char *stack = coro_bss_stack;
+	if (which) {
+		stack = (char *)mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (stack == MAP_FAILED)
+			return -1;
+	}
+	coro_iters = iters;
+	coro_result = -2;
+	getcontext(&coro_co);
+	coro_co.uc_stack.ss_sp = stack;
+	coro_co.uc_stack.ss_size = size;
+	coro_co.uc_link = &coro_main;
+	makecontext(&coro_co, unw_coro_entry, 0);
+	swapcontext(&coro_main, &coro_co);
+	if (which)
+		munmap(stack, size);
+	return coro_result;
+}
