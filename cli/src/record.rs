@@ -359,8 +359,9 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     use std::os::unix::process::CommandExt as _;
     // Ctrl-C, Ctrl-\, hang-ups and `timeout` signal the whole process
     // group: let the program handle them, and finish the trace after it
-    // ends.  (A handler rather than SIG_IGN: exec resets handlers, so the
-    // program starts with the default actions.)
+    // ends; a signal sent to `ftramp record` alone is passed on.  (A
+    // handler rather than SIG_IGN: exec resets handlers, so the program
+    // starts with the default actions.)
     catch_terminal_signals();
     // Processes the program leaves running (a background job, a daemon)
     // become ours when their parent ends, so that we can wait for them.
@@ -370,8 +371,25 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // execs `ftramp record` leaves us its own (`2> >(filter)`, `sleep &`),
     // and one may wait for us to end (the filter reads our stderr).
     let inherited = children();
+    // If `ftramp record` dies (SIGKILL), the program dies with it, as it
+    // would have untraced: a supervisor that stops it by its pid never
+    // leaves the program running on (see `catch_terminal_signals`).
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec the closure makes two async-signal-safe
+    // calls (prctl with integer arguments, getppid) and allocates nothing;
+    // a parent already gone is reported as an error before exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 || libc::getppid() != parent {
+                return Err(std::io::Error::other("ftramp record ended before the program started"));
+            }
+            Ok(())
+        })
+    };
     let child = cmd.spawn().with_context(|| format!("running {}", prog.display()))?;
+    PROGRAM.store(child.id() as libc::pid_t, std::sync::atomic::Ordering::SeqCst);
     let status = wait_reaping_orphans(child.id() as libc::pid_t);
+    PROGRAM.store(0, std::sync::atomic::Ordering::SeqCst);
     let left_running = !reap_ended_descendants(&inherited);
     // Waiting for them: a terminal signal (Ctrl-C) ends the wait, and they
     // go on recording, as with --no-wait.
@@ -630,29 +648,62 @@ fn wait_for_descendants(inherited: &[libc::pid_t]) -> Option<libc::c_int> {
 /// The last terminal signal `ftramp record` got ([`catch_terminal_signals`]).
 static TERMINAL_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-/// While the program runs: SIGINT, SIGQUIT, SIGTERM and SIGHUP do nothing
-/// to `ftramp record` itself.  They are the signals sent to a whole process
-/// group — Ctrl-C and Ctrl-\\, a hang-up, `timeout`, `kill -TERM -PGID`,
-/// a service manager stopping a control group — so the program, in the
-/// same group, gets them too, handles them as it would untraced, and
-/// `ftramp record` waits for it to end and finishes the trace.  (Before,
-/// SIGTERM and SIGHUP ended `ftramp record` at once: `timeout` returned
-/// while the program was still cleaning up, with the program's status
-/// lost and the trace unfinished.)  They are not passed on to the program:
-/// a signal sent to a group reaches it already, and twice would not be as
-/// untraced.  Where they are ignored already (a job started with `&` by a
-/// shell without job control, `trap '' INT`), they stay ignored: the
-/// program inherits that across exec, as it would untraced (a handler
-/// would reset to the default action there, and Ctrl-C would then end a
-/// program meant to ignore it).
+/// The program's pid while it runs (0 before and after): where
+/// [`catch_terminal_signals`] passes a signal on.
+static PROGRAM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// While the program runs: SIGINT, SIGQUIT, SIGTERM and SIGHUP do not end
+/// `ftramp record`, which waits for the program to end and finishes the
+/// trace.  (Before, SIGTERM and SIGHUP ended `ftramp record` at once:
+/// `timeout` returned while the program was still cleaning up, with the
+/// program's status lost and the trace unfinished.)
+///
+/// Whether one is passed on to the program follows `sudo`'s rule: a
+/// signal the terminal sent (Ctrl-C, Ctrl-\, a hang-up: `si_code`
+/// positive) went to the whole foreground process group, the program
+/// included, and one sent by a process of our own group (`timeout`, which
+/// signals its child and then its group; `kill 0`) reached the program
+/// too: neither is passed on, since twice would not be as untraced.  One
+/// sent by any other process (`kill PID` of `ftramp record` by a
+/// supervisor that knows only the pid it started, a service manager) is
+/// passed on to the program, once.  (Until the twenty-sixth session none
+/// was: a supervisor's SIGINT and SIGTERM did nothing, its SIGKILL ended
+/// `ftramp record` alone, and the program ran on, orphaned; since then
+/// the program also gets SIGKILL when `ftramp record` dies,
+/// `PR_SET_PDEATHSIG`.)  A signal sent to a whole other group that holds
+/// both (`kill -TERM -PGID` from outside, a control-group kill) reaches
+/// the program twice.  Where the signals are ignored already (a job
+/// started with `&` by a shell without job control, `trap '' INT`), they
+/// stay ignored: the program inherits that across exec, as it would
+/// untraced (a handler would reset to the default action there, and
+/// Ctrl-C would then end a program meant to ignore it).
 fn catch_terminal_signals() {
-    extern "C" fn note(sig: libc::c_int) {
+    extern "C" fn note(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
         TERMINAL_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+        let program = PROGRAM.load(std::sync::atomic::Ordering::SeqCst);
+        if program <= 0 || info.is_null() {
+            return;
+        }
+        // SAFETY: the kernel's siginfo for this SA_SIGINFO handler; the
+        // calls are async-signal-safe system calls.
+        unsafe {
+            let info = &*info;
+            // SI_USER (0) and the other negative codes: kill, sigqueue,
+            // tgkill; positive: the kernel (the terminal).
+            if info.si_code > 0 {
+                return;
+            }
+            let sender = info.si_pid();
+            if sender == program || libc::getpgid(sender) == libc::getpgrp() {
+                return;
+            }
+            libc::kill(program, sig);
+        }
     }
     for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: queries, then (unless ignored) installs an
         // async-signal-safe handler that notes the signal (an atomic
-        // store).
+        // store) and may pass it on (system calls only).
         unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
@@ -660,6 +711,7 @@ fn catch_terminal_signals() {
             }
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = note as *const () as libc::sighandler_t;
+            act.sa_flags = libc::SA_SIGINFO;
             libc::sigemptyset(&mut act.sa_mask);
             libc::sigaction(sig, &act, std::ptr::null_mut());
         }

@@ -728,7 +728,9 @@ fn ignored_terminal_signals_stay_ignored_in_the_program() {
 /// `ftramp record` waits for it, exits with its status and finishes the
 /// trace.  Before, they ended `ftramp record` at once: the caller saw it
 /// killed by the signal while the program was still cleaning up, and the
-/// trace had no `[calibration]`.
+/// trace had no `[calibration]`.  (Sent from outside the group, as here,
+/// `ftramp record` passes its copy on as well: the program's trap may run
+/// twice, see `a_signal_sent_to_ftramp_record_alone_reaches_the_program`.)
 #[test]
 fn a_terminating_signal_to_the_process_group_lets_the_program_finish() {
     use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -755,6 +757,80 @@ fn a_terminating_signal_to_the_process_group_lets_the_program_finish() {
         assert!(cleaned.exists(), "{name}: the program finished its cleanup before ftramp record returned");
         let info = std::fs::read_to_string(d.join("info")).unwrap();
         assert!(info.contains("[calibration]"), "{name}: the trace was finished: {info}");
+    }
+}
+
+/// A signal sent to `ftramp record` alone by another process (a supervisor
+/// that knows only the pid it started: memcached's `timedrun`, `docker
+/// stop` of a container whose first process it is) is passed on to the
+/// program, once, and the trace is finished; and if `ftramp record` is
+/// killed, the program is too (`PR_SET_PDEATHSIG`), as it would have been
+/// untraced.  Until the twenty-sixth session the program never saw the
+/// signal, and after the supervisor's SIGKILL it ran on, orphaned.
+#[test]
+fn a_signal_sent_to_ftramp_record_alone_reaches_the_program() {
+    use std::os::unix::process::CommandExt;
+    let work = dir("pass-on-work");
+    std::fs::create_dir_all(&work).unwrap();
+    let (ready, got) = (work.join("ready"), work.join("got"));
+    let wait_for = |p: &std::path::Path| {
+        let t0 = std::time::Instant::now();
+        while !p.exists() {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(20), "the program did not start");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    for (sig, name) in [(libc::SIGTERM, "TERM"), (libc::SIGINT, "INT")] {
+        let _ = std::fs::remove_file(&ready);
+        let _ = std::fs::remove_file(&got);
+        let d = dir(&format!("pass-on-{name}"));
+        let script = format!("trap 'echo {name} >> {}; exit 3' {name}; echo $$ > {}; while :; do sleep 0.02; done", got.display(), ready.display());
+        let mut child = ftramp().arg("record").arg("-o").arg(&d).args(["--", "/bin/sh", "-c", &script]).process_group(0).spawn().unwrap();
+        wait_for(&ready);
+        // SAFETY: kill of the child we spawned, by its pid alone.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+        let t0 = std::time::Instant::now();
+        let st = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if t0.elapsed() > std::time::Duration::from_secs(10) {
+                let program: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+                // SAFETY: kill of the processes this test started.
+                unsafe {
+                    libc::kill(program, libc::SIGKILL);
+                    libc::kill(child.id() as i32, libc::SIGKILL);
+                }
+                let _ = child.wait();
+                panic!("SIG{name} sent to ftramp record never reached the program");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(st.code(), Some(3), "SIG{name}: the program's status");
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), format!("{name}\n"), "SIG{name}: once");
+        let info = std::fs::read_to_string(d.join("info")).unwrap();
+        assert!(info.contains("[calibration]"), "SIG{name}: the trace was finished: {info}");
+    }
+    // SIGKILL, which `ftramp record` cannot pass on: the program dies with it.
+    let _ = std::fs::remove_file(&ready);
+    let d = dir("pass-on-KILL");
+    let script = format!("echo $$ > {}; while :; do sleep 0.02; done", ready.display());
+    let mut child = ftramp().arg("record").arg("-o").arg(&d).args(["--", "/bin/sh", "-c", &script]).process_group(0).spawn().unwrap();
+    wait_for(&ready);
+    let program: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+    // SAFETY: kill of the child we spawned.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
+    let _ = child.wait();
+    let t0 = std::time::Instant::now();
+    // (Dead, or a zombie until init reaps it.)
+    let alive = || std::fs::read_to_string(format!("/proc/{program}/stat")).is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'));
+    while alive() && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if alive() {
+        // SAFETY: kill of the program this test started.
+        unsafe { libc::kill(program, libc::SIGKILL) };
+        panic!("the program ran on after ftramp record was killed");
     }
 }
 
