@@ -695,6 +695,35 @@ fn a_threads_first_event_from_a_handler_that_interrupted_malloc() {
     assert!(p.threads.len() >= 20, "each signalled thread recorded as its own: {}", p.threads.len());
 }
 
+/// A coroutine switched to and from by hand-written assembly (green
+/// threads, Ruby's fibers), which the runtime does not see, in a program
+/// with one thread: the program's results are as untraced, every call is
+/// entered, and the calls active at a switch (the coroutine's yield and
+/// its body) return untraced, as the rule of context switches has it.
+/// Until the twenty-sixth session the first return into the coroutine met
+/// `return_to_handler` with its frame dropped and ended the program
+/// (`fgraph::unhijacked_frames`).  x86_64 only (the mode's switch is x86
+/// assembly; aarch64 does not put return addresses back).
+#[test]
+fn a_coroutine_switched_by_assembly_runs_as_untraced() {
+    if !cfg!(target_arch = "x86_64") {
+        eprintln!("skipped: the tracee's switch is x86_64 assembly");
+        return;
+    }
+    let untraced = std::process::Command::new(&built().tracee).arg("asm-coroutine").output().unwrap();
+    assert!(untraced.status.success());
+    let (t, want) = record_graph_ok("asm-coroutine", &["asm-coroutine"]);
+    assert_eq!(want, counters(&untraced.stdout).swap_remove(0), "the program's checksum and counts as untraced");
+    assert_eq!((want["rec_asm_yield"], want["rec_asm_produce"], want["rec_asm_consume"]), (5, 1, 7));
+    let got = per_function(&t.processes[0]);
+    for f in ["rec_leaf", "rec_asm_consume"] {
+        assert_eq!(count(&got, f), (want[f], want[f]), "{f}: every call, every return");
+    }
+    for f in ["rec_asm_yield", "rec_asm_produce"] {
+        assert_eq!(count(&got, f), (want[f], 0), "{f}: active at a switch, no return");
+    }
+}
+
 /// Calls left by longjmp are closed as unwound before the next event, so
 /// what follows nests where it ran (not inside the calls that were left).
 #[test]

@@ -61,7 +61,10 @@
 //! ([`stale_frames`]).  A frame with the *same* sp as a new entry is stale
 //! too unless the new call's return address is `return_to_handler` (a tail
 //! call from a traced function keeps its caller's hijacked return address
-//! and sp).
+//! and sp).  On x86_64, while one thread alone has a shadow stack, a
+//! dropped frame whose return slot still holds `return_to_handler` gets
+//! its real return address back there ([`unhijacked_frames`]): it may be a
+//! coroutine's, suspended by a switch the runtime did not see.
 //!
 //! Stacks are ordered only within one stack.  When a frame would be
 //! dropped at an entry, `sigaltstack(NULL, &ss)` tells whether the entry
@@ -357,6 +360,7 @@ static RETURN_TO_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
 static RECURSION_MISSES: AtomicU64 = AtomicU64::new(0);
 static STALE: AtomicU64 = AtomicU64::new(0);
+static UNHIJACKED: AtomicU64 = AtomicU64::new(0);
 static STACK_WORDS: AtomicUsize = AtomicUsize::new(0);
 static LIVE_STACKS: AtomicUsize = AtomicUsize::new(0);
 
@@ -400,6 +404,13 @@ pub fn recursion_misses() -> u64 {
 /// Frames dropped by resynchronisation (calls left by longjmp & co).
 pub fn stale_frames() -> u64 {
     STALE.load(Relaxed)
+}
+
+/// Dropped frames whose real return address was put back in their return
+/// slot, which still held `return_to_handler` (a context suspended by a
+/// stack switch the runtime did not see; all threads; x86_64).
+pub fn unhijacked_frames() -> u64 {
+    UNHIJACKED.load(Relaxed)
 }
 
 /// Shadow stacks mapped now: one per thread that made a traced call and
@@ -912,8 +923,49 @@ impl Shadow {
                     break;
                 }
             }
+            self.unhijack_dropped(f, sp, rth);
             self.pop(f);
             STALE.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Before frame `f` is dropped as left without returning, at an entry
+    /// or a return whose entry sp is `sp`: if its return slot still holds
+    /// `rth` (x86_64: the word at its recorded sp), puts its real return
+    /// address back there.  A frame dropped by the stack-pointer rule may
+    /// belong to a context suspended on another stack by a switch the
+    /// runtime did not see (assembly: Ruby's fibers, green threads): when
+    /// it is resumed, the call then returns as untraced (no `ret` callback,
+    /// the rule of context switches) instead of meeting `return_to_handler`
+    /// with no frame left, which ended the program.  The slot is read and
+    /// written with `process_vm_readv`/`writev` on this process, which fail
+    /// instead of faulting if the stack was unmapped since.  Slots just
+    /// below `sp`, where this thread's trampoline and runtime frames are
+    /// now, are left alone (a frame there was left for good, by `longjmp`).
+    ///
+    /// Only while this thread is the only one with a shadow stack: then
+    /// every `return_to_handler` in memory was written by this thread.
+    /// With others, the stack of a coroutine that ended may have gone back
+    /// to a pool and be running another thread's coroutine, whose own
+    /// hijacked return can sit in the very same slot: writing this frame's
+    /// return address there sent that thread's return into this thread's
+    /// old caller (Ruby's test of 100 threads each resuming 1 000 fibers,
+    /// which share one pool of fiber stacks, died in `rb_bug`).  Such a
+    /// frame is only dropped, as before.  aarch64 keeps its return address
+    /// in `x30`, saved wherever the function chose: nothing is done there.
+    #[cold]
+    fn unhijack_dropped(&self, f: Frame, sp: usize, rth: usize) {
+        if !cfg!(target_arch = "x86_64") || LIVE_STACKS.load(Acquire) != 1 {
+            return;
+        }
+        let slot = self.sp_of(f);
+        let here = &slot as *const usize as usize;
+        if (here.saturating_sub(OWN_FRAMES_BELOW)..=sp).contains(&slot) {
+            return;
+        }
+        if self_read(slot) == Some(rth) {
+            let _ = self_write(slot, self.ret_of(f));
+            UNHIJACKED.fetch_add(1, Relaxed);
         }
     }
 
@@ -955,13 +1007,44 @@ impl Shadow {
     #[inline(never)]
     fn resync_return(&self, sp: usize) -> Option<usize> {
         let left = self.frames().position(|f| self.sp_of(f) == sp)?;
+        let rth = RETURN_TO_HANDLER.load(Relaxed);
         for _ in 0..left {
             let f = self.top_frame()?;
+            self.unhijack_dropped(f, sp, rth);
             self.pop(f);
             STALE.fetch_add(1, Relaxed);
         }
         self.top_frame().map(|f| f.top)
     }
+}
+
+/// Bytes below the current frame that [`Shadow::unhijack_dropped`] leaves
+/// alone besides the range up to the entry sp (red zones, a signal frame).
+const OWN_FRAMES_BELOW: usize = 64 << 10;
+
+/// The word at `addr` in this process, or `None` where nothing is mapped
+/// (`process_vm_readv` on ourselves: no fault).
+fn self_read(addr: usize) -> Option<usize> {
+    let mut v = 0usize;
+    let local = libc::iovec { iov_base: &mut v as *mut usize as *mut libc::c_void, iov_len: 8 };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 8 };
+    // SAFETY: the kernel copies 8 bytes from `addr` of this process into
+    // `v` (a local), or fails with EFAULT; it touches nothing else.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (n == 8).then_some(v)
+}
+
+/// Writes the word `v` at `addr` in this process; false where nothing
+/// writable is mapped (`process_vm_writev` on ourselves: no fault).
+fn self_write(addr: usize, v: usize) -> bool {
+    let local = libc::iovec { iov_base: &v as *const usize as *mut libc::c_void, iov_len: 8 };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 8 };
+    // SAFETY: the kernel copies the 8 bytes of `v` to `addr` of this
+    // process, or fails; the callers pass the return slot of a frame this
+    // thread hijacked and dropped (a word that held `return_to_handler`
+    // just before), outside this thread's live frames.
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == 8
 }
 
 fn within(r: (usize, usize), a: usize) -> bool {

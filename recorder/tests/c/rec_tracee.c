@@ -361,6 +361,70 @@ static void counts(void)
     fflush(stdout);
 }
 
+/* A coroutine switched to and from by hand-written assembly (as green
+ * threads and Ruby's fibers do), which the runtime does not see: it
+ * yields from two traced calls down, five times, and is resumed on. */
+#if defined(__x86_64__)
+void rec_asm_switch(void **save, void *to);
+__asm__(".text\n.globl rec_asm_switch\n.type rec_asm_switch,@function\nrec_asm_switch:\n"
+        " push %rbp\n push %rbx\n push %r12\n push %r13\n push %r14\n push %r15\n"
+        " mov %rsp,(%rdi)\n mov %rsi,%rsp\n"
+        " pop %r15\n pop %r14\n pop %r13\n pop %r12\n pop %rbx\n pop %rbp\n ret\n"
+        ".size rec_asm_switch, . - rec_asm_switch\n");
+static void *asm_main_sp, *asm_co_sp;
+static long asm_value, n_asm_yield, n_asm_produce, n_asm_consume;
+
+__attribute__((noinline)) void rec_asm_yield(long v)
+{
+    n_asm_yield++;
+    asm_value = v;
+    rec_asm_switch(&asm_co_sp, asm_main_sp);
+}
+
+__attribute__((noinline)) void rec_asm_produce(void)
+{
+    n_asm_produce++;
+    for (long i = 0; i < 5; i++)
+        rec_asm_yield(i * 7 + rec_leaf(i));
+    asm_value = -1;
+    for (;;)
+        rec_asm_switch(&asm_co_sp, asm_main_sp);
+}
+
+__attribute__((noinline)) long rec_asm_consume(long v)
+{
+    n_asm_consume++;
+    return v * 3 + rec_leaf(v);
+}
+
+/* Runs the coroutine to its end; prints the checksum and the counts. */
+static int asm_coroutine(void)
+{
+    size_t size = 256 * 1024;
+    char *stack = malloc(size);
+    uint64_t *sp = (uint64_t *)(((uintptr_t)(stack + size)) & ~(uintptr_t)15);
+    *--sp = 0; /* (alignment: rec_asm_produce starts as if called) */
+    *--sp = (uint64_t)(uintptr_t)rec_asm_produce; /* the switch's `ret` */
+    for (int i = 0; i < 6; i++)
+        *--sp = 0; /* the callee-saved registers it pops */
+    asm_co_sp = sp;
+    long sum = 0;
+    for (int i = 0; i < 7; i++) {
+        rec_asm_switch(&asm_main_sp, asm_co_sp);
+        sum = sum * 5 + rec_asm_consume(asm_value);
+    }
+    counts();
+    printf("checksum %ld\nrec_asm_yield %ld\nrec_asm_produce %ld\nrec_asm_consume %ld\n", sum, n_asm_yield, n_asm_produce, n_asm_consume);
+    return 0;
+}
+#else
+static int asm_coroutine(void)
+{
+    printf("unsupported 1\n");
+    return 0;
+}
+#endif
+
 /* Forks a child that calls rec_child 7 times, prints its counts and exits
  * with 3; returns the child's exit status (100: it did not exit).  No
  * patch site: the traces are those of the modes that call it. */
@@ -555,6 +619,8 @@ int main(int argc, char **argv)
         printf("rec_on_first %ld\n", first_done);
         return 0;
     }
+    if (!strcmp(mode, "asm-coroutine"))
+        return asm_coroutine();
     if (!strcmp(mode, "longjmp")) {
         /* Three times: 4 nested rec_jump calls left by longjmp, then a
          * rec_leaf call from main. */
