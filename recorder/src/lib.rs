@@ -572,6 +572,57 @@ unsafe fn exit_through(name: &std::ffi::CStr, status: c_int) -> ! {
 }
 
 /// # Safety
+/// As libc's `daemon(3)`, which this does as its manual says: `fork`, the
+/// parent ends with `_exit(0)`, the child calls `setsid`, `chdir("/")`
+/// unless `nochdir`, and puts `/dev/null` on descriptors 0-2 unless
+/// `noclose` (failing with `ENODEV` if that is no character device).
+/// The parent's end then goes through [`_exit`], so its trace is
+/// finished: glibc's own `daemon` calls its internal `_exit`, which no
+/// interposer sees, and the parent's events were lost, its image reported
+/// as ended unseen (every tmux server start, found by a helper; test
+/// `daemon_keeps_the_parents_events`).
+#[no_mangle]
+pub unsafe extern "C" fn daemon(nochdir: c_int, noclose: c_int) -> c_int {
+    // SAFETY: fork (the recorder's fork handlers run as for any fork); the
+    // parent then ends as `_exit(0)` would.
+    match unsafe { libc::fork() } {
+        -1 => return -1,
+        0 => {}
+        // SAFETY: as libc's _exit.
+        _ => unsafe { exit_through(c"_exit", 0) },
+    }
+    // SAFETY: system calls with integer arguments, NUL-terminated paths
+    // and a stat buffer of ours.
+    unsafe {
+        if libc::setsid() == -1 {
+            return -1;
+        }
+        if nochdir == 0 {
+            let _ = libc::chdir(c"/".as_ptr());
+        }
+        if noclose == 0 {
+            let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if fd == -1 {
+                return -1;
+            }
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) != 0 || st.st_mode & libc::S_IFMT != libc::S_IFCHR {
+                libc::close(fd);
+                *libc::__errno_location() = libc::ENODEV;
+                return -1;
+            }
+            for target in 0..3 {
+                libc::dup2(fd, target);
+            }
+            if fd > 2 {
+                libc::close(fd);
+            }
+        }
+    }
+    0
+}
+
+/// # Safety
 /// As libc's `_exit`.
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {

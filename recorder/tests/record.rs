@@ -695,6 +695,37 @@ fn a_threads_first_event_from_a_handler_that_interrupted_malloc() {
     assert!(p.threads.len() >= 20, "each signalled thread recorded as its own: {}", p.threads.len());
 }
 
+/// `daemon(3)`: the parent's calls before it are recorded and its image
+/// ends with its exit status, the child is recorded as a fork child.
+/// glibc's `daemon` ends the parent with its internal `_exit`, which the
+/// interposer did not see: until the twenty-sixth session the parent's
+/// buffered events were lost and its image was reported as ended unseen
+/// (tmux: at every server start).
+#[test]
+fn daemon_keeps_the_parents_events() {
+    let (dir, out) = record_tracee("daemon", "function_graph", &["daemon"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let parent_pid = counters(&out.stdout)[0]["parent_pid"] as u32;
+    // (The child held the output pipe until it ended; its trace is
+    // finished as it exits.)
+    let t0 = std::time::Instant::now();
+    let t = loop {
+        let t = open(&dir);
+        if t.processes.len() == 2 && t.processes.iter().all(|p| p.exit.is_some()) || t0.elapsed() > std::time::Duration::from_secs(20) {
+            break t;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let parent = t.processes.iter().find(|p| p.pid == parent_pid).expect("the parent's image");
+    assert_eq!(parent.exit.as_deref(), Some("code 0"));
+    let got = per_function(parent);
+    assert_eq!((count(&got, "rec_before"), count(&got, "rec_leaf")), ((1, 1), (11, 11)), "the parent's calls");
+    let child = t.processes.iter().find(|p| p.pid != parent_pid).expect("the child's image");
+    assert_eq!(child.forked_from, Some((parent_pid, 0)));
+    assert_eq!(child.exit.as_deref(), Some("code 0"));
+    assert_eq!(count(&per_function(child), "rec_after"), (10, 10), "the child's calls");
+}
+
 /// A coroutine switched to and from by hand-written assembly (green
 /// threads, Ruby's fibers), which the runtime does not see, in a program
 /// with one thread: the program's results are as untraced, every call is

@@ -619,6 +619,19 @@ int main(int argc, char **argv)
         printf("rec_on_first %ld\n", first_done);
         return 0;
     }
+    if (!strcmp(mode, "daemon")) {
+        /* daemon(3): the parent's calls before it, the child's after. */
+        rec_before();
+        for (int i = 0; i < 10; i++)
+            rec_leaf(i);
+        printf("parent_pid %ld\n", (long)getpid());
+        fflush(stdout);
+        if (daemon(1, 1) != 0)
+            return 1;
+        for (int i = 0; i < 10; i++)
+            rec_after();
+        return 0;
+    }
     if (!strcmp(mode, "asm-coroutine"))
         return asm_coroutine();
     if (!strcmp(mode, "longjmp")) {
