@@ -340,6 +340,16 @@ fn quiet_says_nothing_unless_something_went_wrong() {
     let script = format!("(sleep 0.3; exec {} threads > /dev/null) & echo started", tracee().display());
     let o = record(&dir("quiet-background"), &["-q"], Path::new("/bin/sh"), &["-c", &script]);
     assert!(o.status.success() && stderr(&o).is_empty(), "{}", stderr(&o));
+    // And left running with --no-wait (the "still recording" note), and a
+    // program killed by a signal (its status says it: 128 + 15); both were
+    // said despite -q until the twenty-sixth session.
+    let script = format!("{0} threads > /dev/null; ({0} threads > /dev/null) & echo started", tracee().display());
+    let o = record(&dir("quiet-no-wait"), &["-q", "--no-wait"], Path::new("/bin/sh"), &["-c", &script]);
+    assert!(o.status.success() && stderr(&o).is_empty(), "{}", stderr(&o));
+    let script = format!("{} threads > /dev/null; kill -TERM $$", tracee().display());
+    let o = record(&dir("quiet-killed"), &["-q"], Path::new("/bin/sh"), &["-c", &script]);
+    assert_eq!(o.status.code(), Some(128 + 15));
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
 
     // The recorder's note in the program's own stderr is left out too (a
     // server logging its stderr got it); a run that recorded nothing is
@@ -561,7 +571,7 @@ fn processes_the_program_leaves_running_are_waited_for() {
     let o = record(&d, &["--no-wait"], Path::new("/bin/sh"), &["-c", &script]);
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
-    assert!(err.contains("left running are still recording into"), "{err}");
+    assert!(err.contains("left running are still recording into") && err.contains(": pid "), "named: {err}");
     assert!(!err.contains("waiting for") && !err.contains("ended without"), "{err}");
     // (The job ends on its own.)
     std::thread::sleep(std::time::Duration::from_millis(800));
