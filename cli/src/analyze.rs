@@ -68,13 +68,20 @@ impl Source {
             );
         }
         let sel = self.select();
-        if (self.pid.is_some() || self.tid.is_some()) && sel.threads(&t).next().is_none() {
-            let have: Vec<String> = t
-                .processes
+        // (A --pid whose images recorded no thread, a daemon(3) parent
+        // that ended before its first event, is shown as such: its headers.)
+        let pid_without_threads = self.tid.is_none() && self.pid.is_some_and(|pid| t.processes.iter().any(|p| p.pid == pid));
+        if (self.pid.is_some() || self.tid.is_some()) && !pid_without_threads && sel.threads(&t).next().is_none() {
+            // One entry per pid, over its images.
+            let mut by_pid: std::collections::BTreeMap<u32, std::collections::BTreeSet<u32>> = Default::default();
+            for p in &t.processes {
+                by_pid.entry(p.pid).or_default().extend(p.threads.iter().map(|t| t.tid));
+            }
+            let have: Vec<String> = by_pid
                 .iter()
-                .map(|p| {
-                    let tids: Vec<String> = p.threads.iter().map(|t| t.tid.to_string()).collect();
-                    format!("pid {} (tids {})", p.pid, tids.join(" "))
+                .map(|(pid, tids)| match tids.is_empty() {
+                    true => format!("pid {pid} (no events)"),
+                    false => format!("pid {pid} (tids {})", tids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" ")),
                 })
                 .collect();
             bail!(

@@ -276,6 +276,36 @@ fn errors_name_the_input() {
     );
 }
 
+/// `--pid` of a process whose images recorded no thread (a `daemon(3)`
+/// parent that ended before its first event was written) shows its
+/// headers instead of failing with a list that names that very pid; the
+/// list of an unknown pid's error has one entry per pid, over its images.
+#[test]
+fn a_pid_without_events_is_shown_not_refused() {
+    let dir = tempdir();
+    let d0 = dir.path();
+    write_info(d0, "function_graph", &["demo"]);
+    write_process_info(d0, 7, 0, 1, "/bin/demo", None, "exit = \"exec\"\n");
+    write_process_info(d0, 7, 1, 1, "/bin/demo", None, "");
+    write_process_info(d0, 8, 0, 7, "/bin/demo", Some("7 1"), "exit = \"code 0\"\n");
+    for (pid, image) in [(7, 0), (7, 1), (8, 0)] {
+        write_syms(d0, pid, image, &["main"]);
+    }
+    std::fs::write(dat_path(d0, 7, 0), b"").unwrap();
+    std::fs::write(dat_path(d0, 7, 1), b"").unwrap();
+    std::fs::write(dat_path(d0, 8, 0), chunk(8, 0, ftramp_trace::format::FLAG_LAST, 0, 0, &[entry(0, 0), exit(0, 10)])).unwrap();
+    let o = ftramp(&["replay", "-d", d(d0), "--pid", "7"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("# process 7 image 0:") && out.contains("# process 7 image 1:") && !out.contains("process 8"), "{out}");
+    let o = ftramp(&["report", "-d", d(d0), "--pid", "7"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let o = ftramp(&["replay", "-d", d(d0), "--pid", "9"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(err.contains("no thread matches --pid 9 (the trace has: pid 7 (no events), pid 8 (tids 8))"), "{err}");
+}
+
 /// A bad input is reported in one line, without the stack backtrace that
 /// `RUST_BACKTRACE=1` would add to an error returned from `main`.
 #[test]
