@@ -264,6 +264,13 @@ pub fn report(trace: &Trace, opts: &ReportOptions, out: &mut dyn Write) -> io::R
         plural(threads, "thread"),
         plural(rows.len(), "function")
     )?;
+    // Times next to losses are the times of what is left: an EXIT whose
+    // ENTRY was lost closes an outer call early, a lost EXIT leaves a call
+    // open until an outer one returns.
+    let lost: u64 = trace.processes.iter().filter(|p| opts.select.process(p)).map(|p| p.lost).fold(0, u64::saturating_add);
+    if lost > 0 {
+        writeln!(out, "# {lost} events lost in these process images: the times of calls around the losses may be wrong")?;
+    }
     writeln!(out, "#")?;
     writeln!(
         out,
