@@ -342,7 +342,7 @@ TRACEE void unw_coro_entry(void)
 extern "C" long unw_coro(long iters, int which)
 {
 	size_t size = sizeof coro_bss_stack;
-	char *stack = coro_bss_stack;
+	char *volatile stack = coro_bss_stack; /* (getcontext returns twice, for gcc) */
 	if (which) {
 		stack = (char *)mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (stack == MAP_FAILED)
