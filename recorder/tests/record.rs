@@ -703,6 +703,9 @@ fn a_threads_first_event_from_a_handler_that_interrupted_malloc() {
 /// (tmux: at every server start).
 #[test]
 fn daemon_keeps_the_parents_events() {
+    if unavailable_under_qemu("daemon_keeps_the_parents_events", FORK_UNDER_QEMU) {
+        return;
+    }
     let (dir, out) = record_tracee("daemon", "function_graph", &["daemon"], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let parent_pid = counters(&out.stdout)[0]["parent_pid"] as u32;
