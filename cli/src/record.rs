@@ -13,6 +13,7 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
 
 /// The recorder library's file name.
 pub const PRELOAD_NAME: &str = "libftramp_recorder.so";
@@ -387,9 +388,9 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         })
     };
     let child = cmd.spawn().with_context(|| format!("running {}", prog.display()))?;
-    PROGRAM.store(child.id() as libc::pid_t, std::sync::atomic::Ordering::SeqCst);
+    PROGRAM.store(child.id() as libc::pid_t, SeqCst);
     let status = wait_reaping_orphans(child.id() as libc::pid_t);
-    PROGRAM.store(0, std::sync::atomic::Ordering::SeqCst);
+    PROGRAM.store(0, SeqCst);
     let left_running = !reap_ended_descendants(&inherited);
     // Waiting for them: a terminal signal (Ctrl-C) ends the wait, and they
     // go on recording, as with --no-wait.
@@ -636,7 +637,7 @@ fn reap_ended_descendants(inherited: &[libc::pid_t]) -> bool {
 /// sees it.)
 /// Returns the terminal signal that stopped the wait, if one did.
 fn wait_for_descendants(inherited: &[libc::pid_t]) -> Option<libc::c_int> {
-    TERMINAL_SIGNAL.store(0, std::sync::atomic::Ordering::SeqCst);
+    TERMINAL_SIGNAL.store(0, SeqCst);
     while program_children_left(inherited) {
         // The signal may go to another thread of ours (the clock's
         // calibration), where it interrupts no wait of this one: polled,
@@ -646,7 +647,7 @@ fn wait_for_descendants(inherited: &[libc::pid_t]) -> Option<libc::c_int> {
             Reaped::NoChild => break,
             Reaped::NoneEnded => {}
         }
-        let sig = TERMINAL_SIGNAL.load(std::sync::atomic::Ordering::SeqCst);
+        let sig = TERMINAL_SIGNAL.load(SeqCst);
         if sig != 0 {
             return Some(sig);
         }
@@ -656,11 +657,11 @@ fn wait_for_descendants(inherited: &[libc::pid_t]) -> Option<libc::c_int> {
 }
 
 /// The last terminal signal `ftramp record` got ([`catch_terminal_signals`]).
-static TERMINAL_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+static TERMINAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// The program's pid while it runs (0 before and after): where
 /// [`catch_terminal_signals`] passes a signal on.
-static PROGRAM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+static PROGRAM: AtomicI32 = AtomicI32::new(0);
 
 /// While the program runs: SIGINT, SIGQUIT, SIGTERM and SIGHUP do not end
 /// `ftramp record`, which waits for the program to end and finishes the
@@ -689,8 +690,8 @@ static PROGRAM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new
 /// Ctrl-C would then end a program meant to ignore it).
 fn catch_terminal_signals() {
     extern "C" fn note(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-        TERMINAL_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
-        let program = PROGRAM.load(std::sync::atomic::Ordering::SeqCst);
+        TERMINAL_SIGNAL.store(sig, SeqCst);
+        let program = PROGRAM.load(SeqCst);
         if program <= 0 || info.is_null() {
             return;
         }

@@ -263,6 +263,20 @@ static void uc_bt_entry(void)
 	uc_bt_outer(1);
 }
 
+/* Runs `entry` to its end as a coroutine on `stack` (`size` bytes):
+ * entered with swapcontext, back here through uc_link.  Also for
+ * tracee_unwind.cpp's exceptions on a coroutine's stack. */
+void uc_run_on_stack(void (*entry)(void), char *stack, size_t size)
+{
+	ucontext_t back, co;
+	getcontext(&co);
+	co.uc_stack.ss_sp = stack;
+	co.uc_stack.ss_size = size;
+	co.uc_link = &back;
+	makecontext(&co, entry, 0);
+	swapcontext(&back, &co);
+}
+
 /* backtrace()'s frame count two traced calls down on a coroutine's mmap'ed
  * stack (which 1) or on the thread's stack (which 0). */
 TRACEE long uc_backtrace(int which)
@@ -275,12 +289,7 @@ TRACEE long uc_backtrace(int which)
 	char *stack = mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (stack == MAP_FAILED)
 		return -1;
-	getcontext(&uc_co);
-	uc_co.uc_stack.ss_sp = stack;
-	uc_co.uc_stack.ss_size = size;
-	uc_co.uc_link = &uc_main;
-	makecontext(&uc_co, uc_bt_entry, 0);
-	swapcontext(&uc_main, &uc_co);
+	uc_run_on_stack(uc_bt_entry, stack, size);
 	munmap(stack, size);
 	return uc_bt_frames;
 }

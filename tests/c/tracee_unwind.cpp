@@ -326,9 +326,8 @@ extern "C" long unw_cancel_run(long n)
  * coroutine's stack, static (which 0) or mmap'ed (which 1), every exception
  * thrown and caught there, no switch while its frames are live. */
 #include <sys/mman.h>
-#include <ucontext.h>
 
-static ucontext_t coro_main, coro_co;
+extern "C" void uc_run_on_stack(void (*entry)(void), char *stack, size_t size); /* tracee_unwind.c */
 static long coro_iters, coro_result;
 static char coro_bss_stack[256 * 1024] __attribute__((aligned(16)));
 
@@ -342,7 +341,7 @@ TRACEE void unw_coro_entry(void)
 extern "C" long unw_coro(long iters, int which)
 {
 	size_t size = sizeof coro_bss_stack;
-	char *volatile stack = coro_bss_stack; /* (getcontext returns twice, for gcc) */
+	char *stack = coro_bss_stack;
 	if (which) {
 		stack = (char *)mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (stack == MAP_FAILED)
@@ -350,12 +349,7 @@ extern "C" long unw_coro(long iters, int which)
 	}
 	coro_iters = iters;
 	coro_result = -2;
-	getcontext(&coro_co);
-	coro_co.uc_stack.ss_sp = stack;
-	coro_co.uc_stack.ss_size = size;
-	coro_co.uc_link = &coro_main;
-	makecontext(&coro_co, unw_coro_entry, 0);
-	swapcontext(&coro_main, &coro_co);
+	uc_run_on_stack(unw_coro_entry, stack, size);
 	if (which)
 		munmap(stack, size);
 	return coro_result;
