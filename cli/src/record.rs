@@ -389,6 +389,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     };
     let child = cmd.spawn().with_context(|| format!("running {}", prog.display()))?;
     PROGRAM.store(child.id() as libc::pid_t, SeqCst);
+    pass_on_pending();
     let status = wait_reaping_orphans(child.id() as libc::pid_t);
     PROGRAM.store(0, SeqCst);
     let left_running = !reap_ended_descendants(&inherited);
@@ -466,6 +467,21 @@ pub fn run(a: RecordArgs) -> Result<i32> {
              exit system call made directly): the events still in its buffers are lost, and not counted"
         );
     }
+    // (An image still starting has an empty `.info` for a moment too: only
+    // the processes gone count.)
+    let unwritten: Vec<&(u32, u32)> =
+        summary.unwritten.iter().filter(|(pid, _)| !running.contains(pid) && !Path::new(&format!("/proc/{pid}")).exists()).collect();
+    if !unwritten.is_empty() {
+        let pids: Vec<String> = unwritten.iter().map(|(pid, n)| format!("{pid} (image {n})")).collect();
+        let (one, files) = (pids.len() == 1, if pids.len() == 1 { "its .info is" } else { "their .info files are" });
+        note!(
+            "ftramp record: nothing of {} {} is in the trace, not even in the counts of lost events: {files} \
+             empty, the recorder could not write to the trace (see the failed writes above){}",
+            if one { "pid" } else { "pids" },
+            pids.join(", "),
+            free_space_note(&dir)
+        );
+    }
     if still_recording && !a.quiet {
         note!(
             "ftramp record: {}processes {} left running are still recording into {}{} (the counts below are of now)",
@@ -488,7 +504,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     for note in loss_notes(&summary) {
         note!("ftramp record: {note}");
     }
-    if a.quiet && summary.lost == 0 {
+    if a.quiet && summary.lost == 0 && unwritten.is_empty() {
         return Ok(code);
     }
     note!(
@@ -663,6 +679,25 @@ static TERMINAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// [`catch_terminal_signals`] passes a signal on.
 static PROGRAM: AtomicI32 = AtomicI32::new(0);
 
+/// A signal to pass on to the program that has not been yet, and its
+/// sender.
+static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
+static PENDING_SENDER: AtomicI32 = AtomicI32::new(0);
+
+/// Passes [`PENDING_SIGNAL`] on to the program, if both are there and the
+/// program did not send it itself; exactly one of the callers that race
+/// for it does (the swap).  Async-signal-safe.
+fn pass_on_pending() {
+    let program = PROGRAM.load(SeqCst);
+    if program > 0 {
+        let sig = PENDING_SIGNAL.swap(0, SeqCst);
+        if sig != 0 && PENDING_SENDER.load(SeqCst) != program {
+            // SAFETY: kill is an async-signal-safe system call.
+            unsafe { libc::kill(program, sig) };
+        }
+    }
+}
+
 /// While the program runs: SIGINT, SIGQUIT, SIGTERM and SIGHUP do not end
 /// `ftramp record`, which waits for the program to end and finishes the
 /// trace.  (Before, SIGTERM and SIGHUP ended `ftramp record` at once:
@@ -691,8 +726,7 @@ static PROGRAM: AtomicI32 = AtomicI32::new(0);
 fn catch_terminal_signals() {
     extern "C" fn note(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
         TERMINAL_SIGNAL.store(sig, SeqCst);
-        let program = PROGRAM.load(SeqCst);
-        if program <= 0 || info.is_null() {
+        if info.is_null() {
             return;
         }
         // SAFETY: the kernel's siginfo for this SA_SIGINFO handler; the
@@ -705,10 +739,17 @@ fn catch_terminal_signals() {
                 return;
             }
             let sender = info.si_pid();
-            if sender == program || libc::getpgid(sender) == libc::getpgrp() {
+            if sender == PROGRAM.load(SeqCst) || libc::getpgid(sender) == libc::getpgrp() {
                 return;
             }
-            libc::kill(program, sig);
+            // Passed on by whoever sees the program's pid first: here, or
+            // `record` as it stores the pid (a signal that came before,
+            // while `spawn` returned: a supervisor that saw the program
+            // start signalled us then, and the signal was lost, once in a
+            // few runs of the test below on a loaded machine).
+            PENDING_SENDER.store(sender, SeqCst);
+            PENDING_SIGNAL.store(sig, SeqCst);
+            pass_on_pending();
         }
     }
     for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
@@ -738,6 +779,9 @@ struct Summary {
     causes: [(u64, Vec<u32>); 4],
     /// Images (pid, image number) whose `.info` has no `exit` line.
     unfinished: Vec<(u32, u32)>,
+    /// Images whose `.info` is empty: the recorder could not write even
+    /// its first lines (a full disk).
+    unwritten: Vec<(u32, u32)>,
     /// Some `.dat` holds an event (or cannot be read as empty).
     events: bool,
 }
@@ -773,6 +817,7 @@ fn summarize(dir: &Path) -> Summary {
         lost: 0,
         causes: Default::default(),
         unfinished: Vec::new(),
+        unwritten: Vec::new(),
         events: false,
     };
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -808,12 +853,31 @@ fn summarize(dir: &Path) -> Summary {
                 }
             }
         }
-        if values("exit").next().is_none() {
+        if text.trim().is_empty() {
+            s.unwritten.push((pid, n));
+        } else if values("exit").next().is_none() {
             s.unfinished.push((pid, n));
         }
     }
     s.unfinished.sort();
+    s.unwritten.sort();
     s
+}
+
+/// `"; <dir>'s file system is full"` when it has no room left (what makes
+/// a recorder's every write fail), else nothing.
+fn free_space_note(dir: &Path) -> String {
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return String::new();
+    };
+    // SAFETY: statvfs fills the struct we own from a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0 && st.f_bavail == 0 {
+        format!("; the file system of {} is full", dir.display())
+    } else {
+        String::new()
+    }
 }
 
 /// What `ftramp record` says at the end about the events and calls its

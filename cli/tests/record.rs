@@ -366,6 +366,25 @@ fn quiet_says_nothing_unless_something_went_wrong() {
     assert!(err.contains("(buffers full)") && err.contains("events lost, see above"), "{err}");
 }
 
+/// An image whose `.info` is empty (what a full disk leaves: the recorder created the file
+/// but could not write a line) is said to be missing from the trace, even with `-q`, and
+/// is not blamed on SIGKILL (`ended without the recorder seeing it end`, as until the
+/// twenty-seventh session).  The program makes such a file itself, as a full disk would
+/// leave it.
+#[test]
+fn an_image_that_could_not_be_written_is_reported() {
+    let d = dir("unwritten-image");
+    let script = format!("{} threads > /dev/null; : > \"$FTRAMP_RECORD_DIR/task-4000001-0.info\"", tracee().display());
+    let o = record(&d, &["-q"], Path::new("/bin/sh"), &["-c", &script]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("nothing of pid 4000001 (image 0) is in the trace, not even in the counts of lost events: its .info is empty"),
+        "{err}"
+    );
+    assert!(!err.contains("ended without the recorder seeing it end"), "{err}");
+}
+
 #[test]
 fn a_filter_that_recorded_nothing_is_reported() {
     let said = "no call of a function matching the filters was recorded (-F rec_nosuch*)";

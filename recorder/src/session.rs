@@ -354,6 +354,9 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
     for (file, (fd, path)) in [(&INFO, info), (&SYM, sym), (&DAT, dat)] {
         file.install(fd, &path);
     }
+    // Room for the lines the image's end appends, held from now on: a disk
+    // that fills meanwhile does not take them (tracefile.rs).
+    INFO.reserve(text.len() as u64 + 4096);
     INFO.write_all(text.as_bytes());
     PID.store(pid, Relaxed);
     IMAGE.store(n, Relaxed);
@@ -864,6 +867,12 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     }
     let _ = writeln!(b, "lost = {lost}");
     let _ = writeln!(b, "end_ticks = {}", toml_u64(end_ticks));
+    // The threads whose last chunks the flush could not write: their
+    // calls still open were not running at the end, as far as anyone
+    // knows (before the twenty-seventh session, replay said they were).
+    INFO.write_all(b.bytes());
+    b = StackBuf::new();
+    tracefile::write_unwritten(&INFO);
     let exit_at = INFO.size().map_or(0, |size| size + b.bytes().len() as u64);
     let _ = match ending {
         Ending::Code(c) => writeln!(b, "exit = \"code {c}\""),

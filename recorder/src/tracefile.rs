@@ -18,6 +18,14 @@
 //! * A write that still fails (disk full, the directory removed) is counted,
 //!   with its error, and reported at the end ([`report_failures`]), never
 //!   silently dropped.
+//! * A disk that fills while the program runs must not take the image's
+//!   end with it (its `exit` line, its losses): the `.info` gets its
+//!   blocks reserved when it is created ([`TraceFile::reserve`]), so that
+//!   the lines appended at the end land in space already held.  And a
+//!   thread whose last chunks could not be written is named in the `.info`
+//!   ([`write_unwritten`]): readers then end its stream with that loss,
+//!   instead of taking the calls it left open for calls still running
+//!   when the image ended.
 //! * The program's file-size limit (`RLIMIT_FSIZE`, `ulimit -f`) applies to
 //!   the trace files too, and a write past it sends the process `SIGXFSZ`,
 //!   which kills it: a write that would go past it is not made
@@ -31,7 +39,7 @@
 use std::ffi::{c_char, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// One trace file of this process image.
 pub struct TraceFile {
@@ -50,6 +58,27 @@ static FIRST_ERRNO: AtomicI32 = AtomicI32::new(0);
 static FAILED_EVENTS: AtomicU64 = AtomicU64::new(0);
 /// The file-size limit that kept writes from being made (0: none did).
 static SIZE_LIMIT_HIT: AtomicU64 = AtomicU64::new(0);
+
+/// A thread whose latest chunks could not be written: how many, and their
+/// events (`tid` 0: a free entry).  A later chunk of the thread that is
+/// written frees the entry, the gap in its `seq` then telling the loss.
+struct UnwrittenTail {
+    tid: AtomicU32,
+    chunks: AtomicU64,
+    events: AtomicU64,
+}
+
+/// The threads whose last chunks were not written, for the image's end.
+/// Chunks are written under the recorder's I/O lock, one at a time.
+static UNWRITTEN: [UnwrittenTail; 64] = [const {
+    UnwrittenTail {
+        tid: AtomicU32::new(0),
+        chunks: AtomicU64::new(0),
+        events: AtomicU64::new(0),
+    }
+}; 64];
+/// More threads had chunks unwritten than [`UNWRITTEN`] holds.
+static UNWRITTEN_MORE: AtomicBool = AtomicBool::new(false);
 
 impl Default for TraceFile {
     fn default() -> TraceFile {
@@ -113,14 +142,21 @@ impl TraceFile {
 
     /// Writes all of `bytes` (checked descriptor); a failure is counted.
     pub fn write_all(&self, bytes: &[u8]) -> bool {
+        self.write_all_of(&[bytes])
+    }
+
+    /// Writes all of `parts`, one after the other, as one write is counted:
+    /// none when they do not all fit under the file-size limit.
+    fn write_all_of(&self, parts: &[&[u8]]) -> bool {
+        let len = parts.iter().map(|p| p.len()).sum();
         let fd = self.fd();
-        let fits = fd < 0 || fits_size_limit(fd, bytes.len());
-        let ok = fd >= 0 && fits && crate::pool::write_all(fd, bytes);
+        let fits = fd < 0 || fits_size_limit(fd, len);
+        let ok = fd >= 0 && fits && parts.iter().all(|p| crate::pool::write_all(fd, p));
         if !ok {
             let e = if fits { std::io::Error::last_os_error().raw_os_error().unwrap_or(0) } else { libc::EFBIG };
             let _ = FIRST_ERRNO.compare_exchange(0, e, Relaxed, Relaxed);
             FAILED_WRITES.fetch_add(1, Relaxed);
-            FAILED_BYTES.fetch_add(bytes.len() as u64, Relaxed);
+            FAILED_BYTES.fetch_add(len as u64, Relaxed);
         }
         ok
     }
@@ -142,14 +178,61 @@ impl TraceFile {
     }
 
     /// Writes one `.dat` chunk (header and payload); the events of a chunk
-    /// that cannot be written count as lost ([`failed_events`]).
+    /// that cannot be written count as lost ([`failed_events`]), and go
+    /// into the `lost` of the thread's next chunk written, or, when none is,
+    /// into the `.info`'s `unwritten` ([`write_unwritten`]): each event lost
+    /// so is placed in its thread's stream.  A chunk written in part (the
+    /// disk filled during the write) is cut off again, so that the file
+    /// holds whole chunks and what it holds is not counted as lost.
     pub fn write_chunk(&self, chunk: &[u8]) -> bool {
-        let ok = self.write_all(chunk);
-        if !ok {
-            let payload = chunk.get(ftramp_trace::format::CHUNK_HEADER_SIZE..).unwrap_or(&[]);
-            FAILED_EVENTS.fetch_add(ftramp_trace::format::count_events(payload), Relaxed);
+        use ftramp_trace::format::{ChunkHeader, CHUNK_HEADER_SIZE};
+        let Some((head, payload)) = chunk.split_first_chunk::<CHUNK_HEADER_SIZE>() else {
+            return self.write_all(chunk);
+        };
+        let Ok(mut header) = ChunkHeader::decode(head) else {
+            return self.write_all(chunk);
+        };
+        let pending = UNWRITTEN.iter().find(|e| header.tid != 0 && e.tid.load(Relaxed) == header.tid);
+        if let Some(e) = pending {
+            header.lost = (header.lost as u64).saturating_add(e.events.load(Relaxed)).min(u32::MAX as u64) as u32;
         }
-        ok
+        let before = self.size();
+        let ok = self.write_all_of(&[&header.encode(), payload]);
+        if ok {
+            if let Some(e) = pending {
+                e.tid.store(0, Relaxed);
+            }
+            return true;
+        }
+        if let Some(before) = before.filter(|&b| self.size().is_some_and(|now| now > b)) {
+            self.truncate(before);
+        }
+        let events = ftramp_trace::format::count_events(payload);
+        FAILED_EVENTS.fetch_add(events, Relaxed);
+        match pending.or_else(|| UNWRITTEN.iter().find(|e| e.tid.load(Relaxed) == 0)) {
+            _ if header.tid == 0 => {}
+            Some(e) if e.tid.load(Relaxed) == header.tid => {
+                e.chunks.fetch_add(1, Relaxed);
+                e.events.fetch_add(events, Relaxed);
+            }
+            Some(e) => {
+                e.chunks.store(1, Relaxed);
+                e.events.store(events, Relaxed);
+                e.tid.store(header.tid, Relaxed);
+            }
+            None => UNWRITTEN_MORE.store(true, Relaxed),
+        }
+        false
+    }
+
+    /// Reserves the file's blocks up to `len` bytes without changing its
+    /// size (`fallocate` with `FALLOC_FL_KEEP_SIZE`), so that appends up to
+    /// there succeed on a disk filled meanwhile.  Best effort: a file system
+    /// without `fallocate` just goes without.
+    pub fn reserve(&self, len: u64) {
+        // SAFETY: a system call on our own descriptor; it allocates blocks
+        // past the end and changes no byte or size the program could see.
+        unsafe { libc::fallocate(self.fd(), libc::FALLOC_FL_KEEP_SIZE, 0, len as libc::off_t) };
     }
 
     /// `ftruncate` of the checked descriptor.
@@ -236,6 +319,37 @@ pub fn reset_failures() {
         c.store(0, Relaxed);
     }
     FIRST_ERRNO.store(0, Relaxed);
+    for e in &UNWRITTEN {
+        e.tid.store(0, Relaxed);
+    }
+    UNWRITTEN_MORE.store(false, Relaxed);
+}
+
+/// Appends to `info` the lines naming the threads whose last chunks could
+/// not be written (nothing when there are none): `unwritten = [[tid,
+/// chunks, events], ...]`, and `unwritten_more = true` when there were more
+/// such threads than could be kept.  The readers end those threads'
+/// streams with the loss (format.rs).  Async-signal-safe: an entry at a
+/// time through a fixed buffer.
+pub fn write_unwritten(info: &TraceFile) {
+    use std::fmt::Write as _;
+    let mut first = true;
+    for e in UNWRITTEN.iter() {
+        let tid = e.tid.load(Relaxed);
+        if tid == 0 {
+            continue;
+        }
+        let mut m = crate::session::StackBuf::new();
+        let _ = write!(m, "{}[{tid}, {}, {}]", if first { "unwritten = [" } else { ", " }, e.chunks.load(Relaxed), e.events.load(Relaxed));
+        info.write_all(m.bytes());
+        first = false;
+    }
+    if !first {
+        info.write_all(b"]\n");
+    }
+    if UNWRITTEN_MORE.load(Relaxed) {
+        info.write_all(b"unwritten_more = true\n");
+    }
 }
 
 /// Events lost because their chunk could not be written.
@@ -338,6 +452,66 @@ mod tests {
         assert_eq!(text.len(), 150, "nothing of the refused write, not even its first bytes; the lines that fit");
         assert!(text.ends_with(b"abcdefghi\nbcdefghij\n"), "{:?}", String::from_utf8_lossy(&text));
         let _ = std::fs::remove_file(&p);
+    }
+
+    /// A chunk of `tid`/`seq` holding `entries` ENTRY events.
+    fn chunk(tid: u32, seq: u32, entries: u32) -> Vec<u8> {
+        use ftramp_trace::format::{ChunkHeader, Event};
+        let mut words = Vec::new();
+        for func in 0..entries {
+            Event::Entry { func, delta: 1 }.encode_into(&mut words);
+        }
+        let mut bytes = ChunkHeader { tid, seq, len: 8 * entries, ..Default::default() }.encode().to_vec();
+        bytes.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+        bytes
+    }
+
+    /// The events of chunks whose write failed are placed in their thread's stream: in
+    /// the `lost` of the thread's next chunk written (after the gap in `seq`), or, for a
+    /// thread none of whose later chunks was written, in the `.info`'s `unwritten`.  In a
+    /// child process, whose file-size limit makes the writes fail, then lets them through.
+    #[test]
+    fn the_events_of_unwritten_chunks_are_placed_in_their_threads_stream() {
+        use ftramp_trace::format::{ChunkHeader, CHUNK_HEADER_SIZE};
+        let (t, p, _) = installed("unwritten");
+        let info = temp("unwritten.info");
+        let info_file = std::fs::OpenOptions::new().append(true).create(true).open(&info).unwrap();
+        let ti = TraceFile::new();
+        ti.install(info_file.into_raw_fd(), &info);
+        let first = chunk(7, 0, 2);
+        // SAFETY: (test) fork; the child makes system calls and formats into fixed
+        // buffers, and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let limit = |n: u64| {
+                // SAFETY: (test, child) setting the child's own soft limit.
+                unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &libc::rlimit { rlim_cur: n, rlim_max: libc::RLIM_INFINITY }) }
+            };
+            // (Counters from before the fork are the parent's.)
+            reset_failures();
+            let ok = t.write_chunk(&first);
+            limit(first.len() as u64);
+            let refused = !t.write_chunk(&chunk(7, 1, 3)) && !t.write_chunk(&chunk(9, 0, 5)) && !t.write_chunk(&chunk(7, 2, 4));
+            limit(libc::RLIM_INFINITY);
+            let then = t.write_chunk(&chunk(7, 3, 1));
+            write_unwritten(&ti);
+            let failed = failed_events() == 12;
+            // SAFETY: (test, child) leaving without the parent's exit handlers.
+            unsafe { libc::_exit(ok as i32 | (refused as i32) << 1 | (then as i32) << 2 | (failed as i32) << 3) };
+        }
+        let mut status = 0;
+        // SAFETY: (test) waiting for our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0b1111, "written, refused three times, written, 12 events failed");
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(bytes.len(), first.len() + CHUNK_HEADER_SIZE + 8, "the first chunk and the last: nothing of the others");
+        assert_eq!(&bytes[..first.len()], &first[..]);
+        let last = ChunkHeader::decode(bytes[first.len()..][..CHUNK_HEADER_SIZE].try_into().unwrap()).unwrap();
+        assert_eq!((last.tid, last.seq, last.lost), (7, 3, 7), "tid 7's chunk after its gap carries the 3 + 4 events lost in it");
+        assert_eq!(std::fs::read_to_string(&info).unwrap(), "unwritten = [[9, 1, 5]]\n", "tid 9 wrote nothing after its loss");
+        let _ = std::fs::remove_file(&p);
+        let _ = std::fs::remove_file(&info);
     }
 
     #[test]

@@ -461,6 +461,92 @@ fn check_open_calls_end_with_the_image(p: &Process, names: &[&str]) {
     assert_eq!(seen, want);
 }
 
+/// A thread whose last chunks could not be written (here: past the program's file-size
+/// limit, which the recorder treats as it does a full disk) ends its stream with that
+/// loss, named in the `.info`'s `unwritten`; the calls it left open are unfinished, not
+/// "running at exit": they may have returned in the chunks lost.  Until the
+/// twenty-seventh session those losses were in the image's count alone, and replay
+/// showed `main` running until the end.  Every event lost is placed in a thread's
+/// stream, and the threads whose chunks were all written are as before.
+#[test]
+fn a_thread_whose_last_chunks_were_not_written_ends_with_the_loss() {
+    use ftramp_trace::calls::{End, Step, Walk};
+    use ftramp_trace::read::{Item, Lost};
+    use std::os::unix::process::CommandExt;
+    // One thread of many calls in whole 4 KiB chunks up to the limit: no chunk fits
+    // after the first that does not (less than a header's room is left), so `main`'s
+    // exit, in the last chunk, is lost.  And five threads cut at some point of theirs.
+    for (mode, limit) in [("loop", 16 << 12), ("threads", 4 << 10)] {
+        let dir = trace_dir(&format!("unwritten-{mode}"), "function_graph");
+        let mut c = record_command(&dir, &built().tracee, &[mode, "200000"], &[("FTRAMP_BUFFER_SIZE", "4K")]);
+        // SAFETY: setrlimit is async-signal-safe and only lowers the child's own limit.
+        unsafe {
+            c.pre_exec(move || {
+                let rl = libc::rlimit { rlim_cur: limit, rlim_max: libc::RLIM_INFINITY };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &rl) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        let out = c.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{mode}: {stderr}");
+        assert!(stderr.contains("to the trace failed (EFBIG"), "{mode}: {stderr}");
+        let t = open(&dir);
+        let p = &t.processes[0];
+        assert_eq!(p.exit.as_deref(), Some("code 0"), "{mode}");
+        assert!(!p.unwritten.is_empty(), "{mode}: the .info names the threads whose last chunks were lost");
+        let mut placed = 0;
+        for th in &p.threads {
+            let named = p.unwritten.iter().find(|u| u.0 == th.tid);
+            let mut last_loss = None;
+            th.for_each(|i| {
+                last_loss = match i {
+                    Item::Loss { what, .. } => Some(what),
+                    Item::Event(_) => None,
+                }
+            });
+            match named {
+                Some(&(_, _, events)) => {
+                    assert!(events > 0, "{mode}");
+                    assert_eq!(last_loss, Some(Lost::Events(events)), "{mode}: tid {} ends with its loss", th.tid);
+                    assert_eq!(th.open_until, None, "{mode}");
+                    let mut ends = Vec::new();
+                    Walk::thread(th, true, |s| {
+                        if let Step::Leave { func, end, .. } = s {
+                            if !matches!(end, End::Returned(_)) {
+                                ends.push((p.func_name(func), end));
+                            }
+                        }
+                    });
+                    assert!(ends.iter().all(|(_, e)| *e == End::Unfinished), "{mode}: {ends:?}");
+                    if mode == "loop" {
+                        assert!(ends.iter().any(|(f, _)| f == "main"), "{mode}: main is open: {ends:?}");
+                    }
+                }
+                None => {
+                    assert_eq!(last_loss, None, "{mode}: tid {} lost nothing at its end", th.tid);
+                    assert!(th.exited || th.open_until.is_some(), "{mode}");
+                }
+            }
+            placed += th.lost;
+        }
+        assert_eq!(placed, p.lost, "{mode}: every event lost is in some thread's stream");
+        // The `.info` holds room for its end lines from its start, so that a disk that
+        // fills meanwhile does not take them: where the file system can reserve.
+        let probe = dir.join("probe");
+        let f = std::fs::File::create(&probe).unwrap();
+        // SAFETY: fallocate on our own file.
+        if unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), libc::FALLOC_FL_KEEP_SIZE, 0, 8192) } == 0 {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(dir.join(format!("task-{}-0.info", p.pid))).unwrap();
+            assert!(m.blocks() * 512 >= m.size() + 4096, "{mode}: {} bytes held for {}", m.blocks() * 512, m.size());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 fn count(m: &BTreeMap<String, (u64, u64)>, f: &str) -> (u64, u64) {
     m.get(f).copied().unwrap_or_default()
 }

@@ -8,7 +8,9 @@
 //!                             base_ns), which readers use for every process when present
 //!   task-<pid>-<n>.info       TOML per process image (n = 0 for the first image of a pid,
 //!                             +1 after each exec); `lost = N`, `end_ticks = T` (when
-//!                             the image ended) and `exit = "..."` appended at its end
+//!                             the image ended), `unwritten = [[tid, chunks, events]...]`
+//!                             (threads whose last chunks could not be written: a full
+//!                             disk) and `exit = "..."` appended at its end
 //!   task-<pid>-<n>.sym        one function per line, appended as modules load:
 //!                             `<id> <addr hex> <size dec or 0> <symbol> <module path>`
 //!   task-<pid>-<n>.dat        a sequence of chunks, little-endian
@@ -24,7 +26,8 @@
 //!   8   4   tid
 //!  12   4   seq     per-thread chunk counter from 0 (a gap = chunks lost)
 //!  16   4   len     payload bytes after the header (multiple of 8, <= 16 MiB)
-//!  20   4   lost    events lost on this thread since its previous chunk
+//!  20   4   lost    events lost on this thread since its previous chunk (buffers
+//!                     full, or in the chunks a gap in seq skips, whose write failed)
 //!  24   8   time    absolute ticks; the first event's delta is relative to it
 //! ```
 //!

@@ -214,6 +214,10 @@ pub struct Thread {
     /// unfinished, with no known end (the thread exited inside them, or the image ended
     /// unseen).
     pub open_until: Option<u64>,
+    /// The loss that ends the thread's stream, when the recorder could not write its last
+    /// chunks (a full disk; the `.info`'s `unwritten`): its time (the last event's) and
+    /// what was lost.  Its calls still open then are unfinished.
+    pub unwritten: Option<(u64, Lost)>,
     /// Where a streamed thread's events are.
     pub(crate) stored: Option<Stored>,
 }
@@ -250,17 +254,20 @@ impl Thread {
         if let Some(st) = &self.stored {
             // Damage was reported when the trace was opened.
             decode_run(&st.path, &st.dat, &st.run, self.tid, &st.cal, &mut Vec::new(), &mut f);
-            return;
-        }
-        let mut losses = self.losses.iter().peekable();
-        for (i, ev) in self.events.iter().enumerate() {
-            while let Some(l) = losses.next_if(|l| l.at <= i) {
+        } else {
+            let mut losses = self.losses.iter().peekable();
+            for (i, ev) in self.events.iter().enumerate() {
+                while let Some(l) = losses.next_if(|l| l.at <= i) {
+                    f(Item::Loss { ns: l.ns, what: l.what });
+                }
+                f(Item::Event(*ev));
+            }
+            for l in losses {
                 f(Item::Loss { ns: l.ns, what: l.what });
             }
-            f(Item::Event(*ev));
         }
-        for l in losses {
-            f(Item::Loss { ns: l.ns, what: l.what });
+        if let Some((ns, what)) = self.unwritten {
+            f(Item::Loss { ns, what });
         }
     }
 
@@ -302,6 +309,16 @@ pub struct Process {
     /// as the image ends (`exit`, a fatal signal it catches, `exec`); `None` when it
     /// ended unseen (SIGKILL) or the trace is older.
     pub end_ns: Option<u64>,
+    /// Threads whose last chunks the recorder could not write (a full disk): `(tid,
+    /// chunks, events)`, the `.info`'s `unwritten`; their threads' streams end with
+    /// the loss ([`Thread::unwritten`]).
+    pub unwritten: Vec<(u32, u64, u64)>,
+    /// More threads lost their last chunks than `unwritten` names (`unwritten_more`):
+    /// the calls every thread left open are unfinished.
+    pub unwritten_more: bool,
+    /// The `.info` file is there but empty: the recorder could not write even its
+    /// first lines (a full disk), or the process died as it created it.
+    pub info_empty: bool,
 }
 
 impl Process {
@@ -449,6 +466,7 @@ impl Trace {
             let calibrated = if have[0] {
                 match std::fs::read_to_string(&info_file) {
                     Ok(text) => {
+                        p.info_empty = text.trim().is_empty();
                         let mut tracer = None;
                         let ok = parse_process_info(&info_file, &text, &mut p, [&mut start_ticks, &mut end_ticks], &mut tracer, &mut problems);
                         image_tracers.extend(tracer);
@@ -589,7 +607,11 @@ impl Trace {
                 // (Events of a thread that ran on while the image ended may come
                 // after the end the recorder noted.)
                 t.open_until = p.end_ns.map(|end| t.span().map_or(end, |(_, last)| end.max(last)));
+                if p.unwritten_more {
+                    t.open_until = None;
+                }
             }
+            end_unwritten_threads(&mut p);
             out.push(p);
         }
         // In the order the images began (a parent before the children it
@@ -612,6 +634,34 @@ impl Trace {
             .filter_map(|t| t.span().map(|(first, _)| first))
             .min()
             .unwrap_or(0)
+    }
+}
+
+/// Ends the stream of each thread the `.info`'s `unwritten` names with the loss of its
+/// last chunks: its calls still open are unfinished, not running at the image's end
+/// (they may have ended in the chunks lost).  A thread none of whose chunks was written
+/// gets an empty stream with the loss.
+fn end_unwritten_threads(p: &mut Process) {
+    for &(tid, chunks, events) in &p.unwritten {
+        // The thread's latest incarnation (a tid reused after a thread exited).
+        let i = match p.threads.iter().rposition(|t| t.tid == tid && !t.exited) {
+            Some(i) => i,
+            None => {
+                p.threads.push(Thread {
+                    tid,
+                    ..Default::default()
+                });
+                p.threads.len() - 1
+            }
+        };
+        let t = &mut p.threads[i];
+        let ns = t.span().map_or_else(|| p.end_ns.or(p.start_ns).unwrap_or(0), |(_, last)| last);
+        let what = if events > 0 { Lost::Events(events) } else { Lost::Chunks(chunks) };
+        if let Lost::Events(n) = what {
+            t.lost = t.lost.saturating_add(n);
+        }
+        t.unwritten = Some((ns, what));
+        t.open_until = None;
     }
 }
 
@@ -840,6 +890,17 @@ fn parse_process_info(
                 Some(n) => *end_ticks = Some(n),
                 None => bad(problems, k, v),
             },
+            "unwritten" => {
+                let entry = |e: &toml::Value| match e.as_array().map(|a| a.iter().map(value_u64).collect::<Option<Vec<_>>>()) {
+                    Some(Some(n)) if n.len() == 3 => Some((u32::try_from(n[0]).ok()?, n[1], n[2])),
+                    _ => None,
+                };
+                match v.as_array().map(|a| a.iter().map(entry).collect::<Option<Vec<_>>>()) {
+                    Some(Some(list)) => p.unwritten = list,
+                    _ => bad(problems, k, v),
+                }
+            }
+            "unwritten_more" => p.unwritten_more = v.as_bool().unwrap_or(true),
             _ => {}
         }
     }

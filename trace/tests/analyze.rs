@@ -957,6 +957,47 @@ fn calls_open_when_the_image_ended_end_with_it() {
     assert_eq!(ends, ["9 0.3 null", "9 5.0 {\"at_exit\":true}", "9 5.0 {\"at_exit\":true}", "10 0.05 {\"unfinished\":true}"]);
 }
 
+/// Threads whose last chunks the recorder could not write (a full disk), named in the
+/// `.info`'s `unwritten`, end their streams with that loss, and the calls they left open
+/// are unfinished, not running at exit (until the twenty-seventh session replay said
+/// `main` ran to the end, its return lost with the chunks); a thread none of whose chunks
+/// was written shows its loss alone; other threads are as before.  An image whose `.info`
+/// is empty says so instead of blaming SIGKILL.  Read whole and streamed.
+#[test]
+fn threads_whose_last_chunks_were_not_written_end_with_the_loss() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["demo"]);
+    let tail = format!("lost = 14\nend_ticks = {}\nunwritten = [[9, 2, 10], [11, 1, 4]]\nexit = \"code 0\"\n", ticks(5000));
+    write_process_info(d, 9, 0, 1, "/bin/demo", None, &tail);
+    write_syms(d, 9, 0, &["main", "work", "worker"]);
+    let mut dat = chunk(9, 0, 0, 0, 0, &[entry(0, 0), entry(1, 100), exit(1, 200), entry(1, 100)]);
+    dat.extend(chunk(10, 0, 0, 0, 0, &[entry(2, 50)]));
+    std::fs::write(dat_path(d, 9, 0), dat).unwrap();
+    std::fs::write(d.join(format::task_file_name(12, 0, "info")), "").unwrap();
+    for streamed in [false, true] {
+        let t = if streamed { Trace::open_streaming(d).unwrap() } else { open(d).unwrap() };
+        let p = t.processes.iter().find(|p| p.pid == 9).unwrap();
+        assert_eq!(p.unwritten, [(9, 2, 10), (11, 1, 4)]);
+        let lost: Vec<(u32, u64)> = p.threads.iter().map(|t| (t.tid, t.lost)).collect();
+        assert_eq!(lost, [(9, 10), (10, 0), (11, 4)], "every event lost is in a thread's stream");
+        let text = replay_text(&t, &ReplayOptions::default());
+        for l in [
+            "   0.200 us [     9] |   work();",
+            "            [     9] |   work() {",
+            "            [     9] |     /* lost 10 events */",
+            "            [     9] |   } /* work: unfinished */",
+            "            [     9] | } /* main: unfinished */",
+            "   4.950 us [    10] | worker(); /* running at exit */",
+            "            [    11] | /* lost 4 events */",
+            "# process 12 image 0: ? (exit: not recorded (its .info is empty: the recorder could not write to the trace, a full disk?))",
+        ] {
+            assert!(text.lines().any(|x| x == l), "streamed {streamed}: {l:?} in\n{text}");
+        }
+        assert!(!text.contains("main: running at exit"), "{text}");
+    }
+}
+
 /// `report` says when the selected images lost events: the calls around a loss show the
 /// times of what is left (a memcached helper's run with 4.5 M events lost showed a 1.4 s
 /// maximum with no hint).
