@@ -177,6 +177,26 @@ fn find_program(prog: &std::ffi::OsStr) -> Result<PathBuf> {
     bail!("program not found: {} (not in PATH)", p.display())
 }
 
+/// Opens `dir`'s `info` and `flock`s it with `op`: `None` when it cannot
+/// be opened, else the file (held while it lives) or the lock's error.
+/// `ftramp record` and every process recording into the trace hold a
+/// shared lock on it (the recorder's `tracefile::hold_trace_lock`), so
+/// that a second `ftramp record` into the same directory cannot remove
+/// the files they write into (until the twenty-seventh session it did,
+/// without a word, and the first run's trace was lost).
+fn lock_info(dir: &Path, op: libc::c_int) -> Option<std::io::Result<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(dir.join("info")).ok()?;
+    // SAFETY: flock on the descriptor of the file we just opened.
+    Some(if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 { Ok(f) } else { Err(std::io::Error::last_os_error()) })
+}
+
+/// Whether `info` of `dir` is locked by someone else (not just a file
+/// system without locks).
+fn in_use(dir: &Path) -> bool {
+    matches!(lock_info(dir, libc::LOCK_EX | libc::LOCK_NB), Some(Err(e)) if e.raw_os_error() == Some(libc::EWOULDBLOCK))
+}
+
 /// Makes `dir` an empty trace directory: an old trace (it has `info`) is
 /// replaced, an empty directory used, anything else refused.
 fn prepare_dir(dir: &Path) -> Result<()> {
@@ -191,6 +211,13 @@ fn prepare_dir(dir: &Path) -> Result<()> {
             .next()
             .is_none();
         if is_trace {
+            if in_use(dir) {
+                bail!(
+                    "{} is in use: a recording into it is still running (an `ftramp record`, or processes one left \
+                     recording); wait for it to end, or record into another directory (-o DIR)",
+                    dir.display()
+                );
+            }
             std::fs::remove_dir_all(dir)
                 .with_context(|| format!("removing the old trace {}", dir.display()))?;
         } else if !empty {
@@ -312,6 +339,8 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     );
     std::fs::write(dir.join("info"), info)
         .with_context(|| format!("writing {}", dir.join("info").display()))?;
+    // Held until we return (see `lock_info`).
+    let _in_use = lock_info(&dir, libc::LOCK_SH);
 
     // A sanitizer's runtime insists on coming first among the libraries
     // (ASan aborts otherwise): it goes before the recorder.

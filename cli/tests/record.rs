@@ -385,6 +385,52 @@ fn an_image_that_could_not_be_written_is_reported() {
     assert!(!err.contains("ended without the recorder seeing it end"), "{err}");
 }
 
+/// A second `ftramp record` into a directory a recording still writes into (an
+/// `ftramp record` still running, or the processes one left recording with `--no-wait`)
+/// refuses, naming the directory, and the first trace is whole; once they are done, the
+/// directory is reused.  Until the twenty-seventh session the second run removed the
+/// first one's files without a word, and the first trace was lost.
+#[test]
+fn a_trace_directory_still_recorded_into_is_not_replaced() {
+    let d = dir("in-use");
+    let work = dir("in-use-work");
+    std::fs::create_dir_all(&work).unwrap();
+    let go = work.join("go");
+    let refused = |what: &str| {
+        let o = record(&d, &[], tracee(), &["fork"]);
+        assert_eq!(o.status.code(), Some(1), "{what}: {}", stderr(&o));
+        let said = format!("{} is in use: a recording into it is still running", d.display());
+        assert!(stderr(&o).contains(&said), "{what}: {}", stderr(&o));
+    };
+    let waiter = format!("while [ ! -e {0} ]; do sleep 0.05; done; {1} threads", go.display(), tracee().display());
+    // An `ftramp record` still running.
+    let mut first = ftramp().arg("record").arg("-o").arg(&d).args(["-q", "--", "/bin/sh", "-c", &waiter]).spawn().unwrap();
+    while !d.join("info").exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    refused("while ftramp record runs");
+    std::fs::write(&go, "").unwrap();
+    assert!(first.wait().unwrap().success());
+    let t = Trace::open(&d).unwrap();
+    let threads = t.processes.iter().filter(|p| p.exe.ends_with("record-cli-tracee")).map(|p| p.threads.len()).sum::<usize>();
+    assert_eq!(threads, 5, "the first trace is whole");
+    // Processes an `ftramp record --no-wait` left recording.
+    std::fs::remove_file(&go).unwrap();
+    let o = record(&d, &["-q", "--no-wait"], Path::new("/bin/sh"), &["-c", &format!("({{ {waiter}; }} > /dev/null 2>&1 &)")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    refused("while processes left running record");
+    std::fs::write(&go, "").unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let o = record(&d, &[], tracee(), &["fork"]);
+        if o.status.code() == Some(3) {
+            break;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "the directory was never free again: {}", stderr(&o));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_filter_that_recorded_nothing_is_reported() {
     let said = "no call of a function matching the filters was recorded (-F rec_nosuch*)";

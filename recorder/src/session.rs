@@ -358,6 +358,7 @@ fn open_image(pid: u32, forked_from: Option<(u32, u32)>) -> Result<(), String> {
     // that fills meanwhile does not take them (tracefile.rs).
     INFO.reserve(text.len() as u64 + 4096);
     INFO.write_all(text.as_bytes());
+    crate::tracefile::hold_trace_lock(dir);
     PID.store(pid, Relaxed);
     IMAGE.store(n, Relaxed);
     EXIT_LINE_AT.store(0, Relaxed);

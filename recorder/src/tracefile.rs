@@ -247,6 +247,37 @@ impl TraceFile {
     }
 }
 
+/// The descriptor of the trace's `info` this process holds a shared lock
+/// on (-1: none).
+static TRACE_LOCK: AtomicI32 = AtomicI32::new(-1);
+
+/// Holds a shared `flock` on `<dir>/info` while the process records (once
+/// per image: a fork child shares its parent's, through the inherited
+/// descriptor; an exec closes it, and the new image takes its own), so
+/// that an `ftramp record` started into the same directory meanwhile
+/// refuses instead of removing the files we write into (`cli/src/record.rs`,
+/// `lock_info`).  Best effort: without an `info` (the recorder used
+/// without the CLI) or without locks, nothing.
+pub fn hold_trace_lock(dir: &Path) {
+    if TRACE_LOCK.load(Relaxed) >= 0 {
+        return;
+    }
+    let Ok(c) = CString::new(dir.join("info").as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: opening a NUL-terminated path read-only, close-on-exec.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return;
+    }
+    let fd = ftramp_runtime::thread::move_fd_high(fd);
+    // SAFETY: flock on the descriptor just opened; it never blocks (a
+    // shared lock waits only for an exclusive one, which `ftramp record`
+    // takes with LOCK_NB alone, never holding it).
+    unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) };
+    TRACE_LOCK.store(fd, Relaxed);
+}
+
 /// `fstat` of `fd`, or None if it is not open.
 fn stat(fd: i32) -> Option<libc::stat> {
     // SAFETY: stat is plain data; fstat fills it, and a bad fd only fails.
