@@ -383,6 +383,110 @@ int main()
 }
 "#;
 
+/// Exceptions thrown and caught through traced frames after the thread-local destructors
+/// have run — a thread's two `thread_local` destructors and then its pthread key
+/// destructor, the main thread's `thread_local` destructor, an `atexit` handler and a static
+/// destructor at `exit()` — and `posix_spawn` from those last two (the recorder's exec
+/// interposer, handed an environment without the recording's variables).
+const EXIT_THROWS: &str = r#"
+#include <cstdio>
+#include <cstdlib>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdexcept>
+#include <sys/wait.h>
+#include <thread>
+extern char **environ;
+static long thrower_calls, unwound, caught;
+__attribute__((noinline)) void thrower(int n) {
+    thrower_calls++;
+    unwound++;
+    if (n == 0)
+        throw std::runtime_error("x");
+    thrower(n - 1);
+    asm volatile("" ::: "memory"); // not a tail call: a frame per level
+}
+__attribute__((noinline)) void throw_and_catch(const char *where) {
+    try {
+        thrower(3);
+    } catch (const std::exception &) {
+        caught++;
+        printf("caught in %s\n", where);
+    }
+}
+__attribute__((noinline)) void spawn_true(const char *where) {
+    pid_t pid;
+    char *argv[] = {(char *)"true", nullptr};
+    // An environment of its own: the recorder adds its variables to it.
+    char *envp[] = {getenv("PATH") - 5 /* its "PATH=..." */, (char *)"LANG=C", nullptr};
+    int st = -1;
+    if (posix_spawnp(&pid, "true", nullptr, nullptr, argv, envp) == 0)
+        waitpid(pid, &st, 0);
+    printf("spawned in %s: %d\n", where, st);
+}
+struct Tl {
+    const char *name;
+    ~Tl() { throw_and_catch(name); }
+};
+static pthread_key_t key;
+static void key_dtor(void *) { throw_and_catch("a key destructor"); }
+static void body() {
+    thread_local Tl a{"the first thread_local"};
+    thread_local Tl b{"the second thread_local"};
+    (void)&a;
+    (void)&b;
+    pthread_setspecific(key, &key);
+    throw_and_catch("a thread");
+}
+struct Last {
+    ~Last() {
+        throw_and_catch("a static destructor");
+        spawn_true("a static destructor");
+        printf("calls thrower %ld\nunwound thrower %ld\ncaught %ld\n", thrower_calls, unwound, caught);
+    }
+} last;
+static void at_exit() {
+    throw_and_catch("an atexit handler");
+    spawn_true("an atexit handler");
+}
+int main() {
+    pthread_key_create(&key, key_dtor);
+    atexit(at_exit);
+    std::thread(body).join();
+    throw_and_catch("main");
+    spawn_true("main");
+    thread_local Tl m{"main's thread_local"};
+    (void)&m;
+    return 0;
+}
+"#;
+
+/// [`EXIT_THROWS`] behaves as untraced under function_graph, with the exact counts.
+/// Until the twenty-seventh session the unwinder hooks' per-thread state had a
+/// destructor: once the thread-local destructors had run, the hooks did nothing and each
+/// of these throws ended in `std::terminate`; and the recorder's exec interposer panicked
+/// in `posix_spawn` at `exit()` (its environment cache was a destroyed thread-local).
+#[test]
+fn exceptions_and_spawns_after_the_thread_local_destructors() {
+    let cxx = "g++";
+    if !runs(cxx, &["--version"]) {
+        assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "CI needs g++");
+        eprintln!("skipped: needs g++");
+        return;
+    }
+    let dir = scratch("exit-throws");
+    std::fs::write(dir.join("prog.cpp"), EXIT_THROWS).unwrap();
+    let exe = dir.join("prog");
+    compile(Command::new(cxx).arg("-O2").args(cflags_for(cxx)).arg("-o").arg(&exe).arg(dir.join("prog.cpp")).arg("-pthread"));
+    let untraced = Command::new(&exe).output().unwrap();
+    assert!(untraced.status.success());
+    let want = String::from_utf8_lossy(&untraced.stdout);
+    assert!(want.contains("caught 8\n") && want.contains("spawned in a static destructor: 0"), "{want}");
+    let out = check(&dir, &exe, &[], |n| n == "thrower");
+    assert_eq!(out, want, "the program's output as untraced");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn boost_context_fibers_are_traced() {
     let cxx = "clang++-14";

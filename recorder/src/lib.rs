@@ -187,15 +187,24 @@ thread_local! {
     /// strings, then the pointer array), kept for the next one rather than
     /// freed: in a `vfork` child (dash and CPython start commands so) it is
     /// the parent's memory, and what the child allocated and did not free
-    /// before its exec would stay there for good.
-    static EXEC_ENV: std::cell::RefCell<(Vec<u8>, Vec<*const c_char>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// before its exec would stay there for good.  Never destroyed (no
+    /// destructor: `ManuallyDrop`), so that an exec or spawn made after the
+    /// thread-local destructors ran — from an `atexit` handler, a static
+    /// destructor — still finds it (until the twenty-seventh session the
+    /// recorder then panicked and the program aborted).  A thread leaves it
+    /// allocated at its end: one environment's worth, on the threads that
+    /// spawned with an environment of their own.
+    static EXEC_ENV: std::cell::RefCell<std::mem::ManuallyDrop<(Vec<u8>, Vec<*const c_char>)>> =
+        const { std::cell::RefCell::new(std::mem::ManuallyDrop::new((Vec::new(), Vec::new()))) };
     /// The process whose exec is using [`EXEC_ENV`] (0: none).  A pid, not
     /// a flag (nor a `RefCell` borrow held across the exec): a `vfork`
     /// child whose exec succeeded leaves it set in its parent's memory, and
     /// it must then read as free.
     static EXEC_ENV_USER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
+
+// EXEC_ENV must outlive the thread-local destructors (see there).
+const _: () = assert!(!std::mem::needs_drop::<std::cell::RefCell<std::mem::ManuallyDrop<(Vec<u8>, Vec<*const c_char>)>>>());
 
 /// Runs `run` with `envp`, or, when recording started in this image or the
 /// one it was (v)forked from, with `envp` completed for the new image: the
@@ -233,7 +242,7 @@ unsafe fn with_record_env(
     // exec, and everything else is freed before it.
     let new_envp = EXEC_ENV.with(|cell| {
         let mut scratch = cell.borrow_mut();
-        let (strings, ptrs) = &mut *scratch;
+        let (strings, ptrs) = &mut **scratch;
         strings.clear();
         strings.extend_from_slice(&added);
         drop(added);

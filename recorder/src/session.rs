@@ -1213,8 +1213,16 @@ fn install_handlers() {
 // fork: the child is a new process of the trace, with its own files and
 // writer thread; the parent's unwritten events stay the parent's.
 
+/// The state's lock, held by a forking thread across the `fork`.  Without a
+/// destructor (`ManuallyDrop`: the guard is always taken out and dropped by
+/// the fork's handlers), so that a `fork` made after the thread-local
+/// destructors ran (from an `atexit` handler, a static destructor) still
+/// holds the lock across it.
+type ForkGuard = std::cell::RefCell<std::mem::ManuallyDrop<Option<MutexGuard<'static, Option<State>>>>>;
+const _: () = assert!(!std::mem::needs_drop::<ForkGuard>());
+
 thread_local! {
-    static FORK_GUARD: std::cell::RefCell<Option<MutexGuard<'static, Option<State>>>> = const { std::cell::RefCell::new(None) };
+    static FORK_GUARD: ForkGuard = const { std::cell::RefCell::new(std::mem::ManuallyDrop::new(None)) };
 }
 
 thread_local! {
@@ -1259,7 +1267,7 @@ extern "C" fn fork_prepare() {
         }
         block_sent_signals();
         let g = state();
-        let _ = FORK_GUARD.try_with(|f| *f.borrow_mut() = Some(g));
+        let _ = FORK_GUARD.try_with(|f| **f.borrow_mut() = Some(g));
         // No chunk half written when the child copies the pool (after the
         // final flush the lock stays taken: nothing is written any more).
         let held = !FINISHED.load(SeqCst) && IO_LOCK.lock_for(10_000);

@@ -496,8 +496,44 @@ struct Restored {
     slot: usize,
 }
 
+/// The frames a hook restored, kept without a destructor: a thread-local
+/// whose type needs none is never destroyed, so the hooks keep working in
+/// the code that runs after the thread-local destructors — the `thread_local`
+/// destructors after them, `atexit` handlers and static destructors at
+/// `exit()`, pthread key destructors.  (Until the twenty-seventh session the
+/// table was a plain `Vec`: once its destructor had run, the hooks did
+/// nothing, and an exception thrown and caught there through traced frames
+/// ended the program in `std::terminate`.)  The buffer is freed each time
+/// the table is emptied ([`RestoredTable::empty`]), so a thread that exits
+/// leaks nothing unless it exits while frames are restored.
+struct RestoredTable(std::mem::ManuallyDrop<Vec<Restored>>);
+
+impl RestoredTable {
+    const fn new() -> RestoredTable {
+        RestoredTable(std::mem::ManuallyDrop::new(Vec::new()))
+    }
+
+    /// Forgets every entry and frees the buffer.
+    fn empty(&mut self) {
+        drop(std::mem::take(&mut *self.0));
+    }
+}
+
+impl std::ops::Deref for RestoredTable {
+    type Target = Vec<Restored>;
+    fn deref(&self) -> &Vec<Restored> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for RestoredTable {
+    fn deref_mut(&mut self) -> &mut Vec<Restored> {
+        &mut self.0
+    }
+}
+
 struct Thread {
-    restored: RefCell<Vec<Restored>>,
+    restored: RefCell<RestoredTable>,
     /// The newest hook's canary: its address (0: none) and value.
     canary_at: Cell<usize>,
     canary: Cell<u64>,
@@ -509,10 +545,13 @@ struct Thread {
     restored_on: Cell<(usize, usize)>,
 }
 
+// The hooks must work after the thread-local destructors (see RestoredTable).
+const _: () = assert!(!std::mem::needs_drop::<Thread>());
+
 thread_local! {
     static THREAD: Thread = const {
         Thread {
-            restored: RefCell::new(Vec::new()),
+            restored: RefCell::new(RestoredTable::new()),
             canary_at: Cell::new(0),
             canary: Cell::new(0),
             stack: Cell::new((0, 0)),
@@ -782,7 +821,7 @@ fn rehijack(fr: &dyn Frames, t: &Thread, st: &Stacks, rth: usize, keep: &dyn Fn(
         }
         true
     });
-    table.clear();
+    table.empty();
     t.restored_on.set((0, 0));
     t.canary_at.set(0);
     fr.set_restored(false);
@@ -978,7 +1017,7 @@ fn leave_stack(caller_sp: usize, ret_slot: usize, fp: usize) {
             }
             fr.drop_all();
             if let Ok(mut table) = t.restored.try_borrow_mut() {
-                table.clear();
+                table.empty();
             }
             t.restored_on.set((0, 0));
             t.canary_at.set(0);
