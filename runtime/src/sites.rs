@@ -168,6 +168,8 @@ pub enum RefuseReason {
     /// The function's symbol has `st_other` bits the spec refuses
     /// (`site.refuse_st_other`; aarch64: the SVE vector PCS).
     CallingConvention,
+    /// The function is the tracer's own ([`is_tracer_code`]).
+    TracerCode,
 }
 
 impl fmt::Display for RefuseReason {
@@ -177,6 +179,7 @@ impl fmt::Display for RefuseReason {
             RefuseReason::PreEntryNotNop => "the bytes before the function are not NOPs",
             RefuseReason::OutsideText => "outside the module's executable segments",
             RefuseReason::CallingConvention => "the function uses a calling convention the trampolines do not keep (symbol st_other)",
+            RefuseReason::TracerCode => "the tracer's own code (ftramp's crates, Rust's allocator shims): tracing it would recurse into the tracer",
         })
     }
 }
@@ -721,7 +724,28 @@ fn classify(
     if symbol.is_some_and(|s| s.st_other & spec.raw.site.refuse_st_other != 0) {
         return Err(refuse(addr, symbol, offset, found, RefuseReason::CallingConvention));
     }
+    if symbol.is_some_and(|s| is_tracer_code(&s.name)) {
+        return Err(refuse(addr, symbol, offset, found, RefuseReason::TracerCode));
+    }
     Ok(Site { addr, record, pre_entry, module, symbol: symbol.map(|s| s.name.clone()), offset_in_symbol: offset, kind, demangled: Default::default() })
+}
+
+/// The crates the runtime is built from, as their names appear in Rust
+/// symbols (legacy `_ZN14ftramp_runtime…` and v0 `_R…14ftramp_runtime…`
+/// alike, and generic code instantiated for their types).
+const TRACER_CRATES: [&str; 3] = ["ftramp_runtime", "ftramp_codegen", "ftramp_demangle"];
+
+/// Whether the raw symbol `name` is the tracer's own code: a function of the
+/// runtime's crates, or one of Rust's allocator shims, which it calls while
+/// patching.  A program that embeds the runtime and builds its whole crate
+/// graph with patchable entries (the README's nightly recipe) gives them
+/// sites; patching or tracing them makes the tracer run into itself (until
+/// the twenty-seventh session, registering an ops for every function ended
+/// such a program in a stack overflow, SIGSEGV or SIGTRAP).  Their sites are
+/// refused, as the kernel builds its tracer `notrace`.
+pub fn is_tracer_code(name: &str) -> bool {
+    const SHIMS: [&str; 6] = ["__rust_alloc", "__rust_dealloc", "__rust_realloc", "__rust_no_alloc_shim_is_unstable", "__rdl_", "__rg_"];
+    SHIMS.iter().any(|p| name.starts_with(p)) || TRACER_CRATES.iter().any(|c| name.contains(c))
 }
 
 /// Rewrites multi-instruction NOP sites into the cheapest equivalent NOP
@@ -777,6 +801,26 @@ mod tests {
             offset_in_symbol: 4,
             kind: SiteKind::PatchableEntry,
             demangled: Default::default(),
+        }
+    }
+
+    /// The runtime's own functions, generic code instantiated for its types and
+    /// Rust's allocator shims are the tracer's; the program's are not.
+    #[test]
+    fn the_tracers_own_code_is_told_apart() {
+        for own in [
+            "_ZN14ftramp_runtime5patch7Patcher5apply17h0123456789abcdefE",
+            "_RNvNtCs1234_14ftramp_runtime6fgraph4push",
+            "_ZN4core3ptr62drop_in_place$LT$ftramp_runtime..ops..Ops$GT$17h0123456789abcdefE",
+            "_ZN14ftramp_codegen4emit17h0123456789abcdefE",
+            "__rust_alloc",
+            "__rust_no_alloc_shim_is_unstable_v2",
+            "__rdl_alloc",
+        ] {
+            assert!(is_tracer_code(own), "{own}");
+        }
+        for program in ["main", "_ZN3pfe2cb17h0123456789abcdefE", "_ZN5alloc3vec12Vec$LT$T$GT$4push17h0123456789abcdefE", "rust_alloc_counter", "ftramp"] {
+            assert!(!is_tracer_code(program), "{program}");
         }
     }
 
