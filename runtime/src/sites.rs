@@ -745,7 +745,9 @@ const TRACER_CRATES: [&str; 3] = ["ftramp_runtime", "ftramp_codegen", "ftramp_de
 /// refused, as the kernel builds its tracer `notrace`.
 pub fn is_tracer_code(name: &str) -> bool {
     const SHIMS: [&str; 6] = ["__rust_alloc", "__rust_dealloc", "__rust_realloc", "__rust_no_alloc_shim_is_unstable", "__rdl_", "__rg_"];
-    SHIMS.iter().any(|p| name.starts_with(p)) || TRACER_CRATES.iter().any(|c| name.contains(c))
+    // (Recent rustc mangles the shims as v0 paths of the crate `__rustc`:
+    // `_RNvCs…_7___rustc12___rust_alloc`.)
+    SHIMS.iter().any(|p| name.starts_with(p)) || name.contains("7___rustc") || TRACER_CRATES.iter().any(|c| name.contains(c))
 }
 
 /// Rewrites multi-instruction NOP sites into the cheapest equivalent NOP
@@ -816,6 +818,8 @@ mod tests {
             "__rust_alloc",
             "__rust_no_alloc_shim_is_unstable_v2",
             "__rdl_alloc",
+            "_RNvCseulmdZsCeCG_7___rustc35___rust_no_alloc_shim_is_unstable_v2",
+            "_RNvCseulmdZsCeCG_7___rustc12___rust_alloc",
         ] {
             assert!(is_tracer_code(own), "{own}");
         }
