@@ -278,8 +278,11 @@ pub fn run(a: RecordArgs) -> Result<i32> {
             );
         }
         // Filters match the raw symbol or the name replay shows, which has
-        // no parameter list: `foo(int)` would match nothing, silently.
-        if g.ends_with(')') && g.contains('(') && !g.ends_with("namespace)") {
+        // no parameter list: `foo(int)` would match nothing, silently.  (But
+        // the names of call operators end in `()`: `F::operator()`,
+        // `main::{lambda(int)#1}::operator()`, refused until the
+        // twenty-seventh session.)
+        if g.ends_with(')') && g.contains('(') && !g.ends_with("namespace)") && !g.ends_with("operator()") {
             bail!(
                 "bad filter `{g}`: names have no parameter list while recording (they match the raw symbol \
                  or the name `ftramp replay` shows, as `ns::load`): overloads are selected together"

@@ -525,6 +525,13 @@ fn bad_input_is_refused_with_a_reason() {
         assert!(!o.status.success(), "{opts:?} {prog}");
         assert!(stderr(&o).contains(want), "{opts:?}: {}", stderr(&o));
     }
+    // The names replay shows for call operators end in `()`: not a parameter list.
+    for opts in [["-F", "F::operator()"], ["-N", "main::{lambda(int)#1}::operator()"]] {
+        let o = record(&d, &opts, Path::new("true"), &[]);
+        assert!(o.status.success() && !stderr(&o).contains("bad filter"), "{opts:?}: {}", stderr(&o));
+    }
+    let o = record(&d, &["-F", "F::operator()(int)"], Path::new("true"), &[]);
+    assert!(stderr(&o).contains("names have no parameter list"), "{}", stderr(&o));
     // A directory that is not a trace is not overwritten.
     let keep = dir("not-a-trace");
     std::fs::create_dir_all(&keep).unwrap();
