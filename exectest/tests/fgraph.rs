@@ -312,6 +312,25 @@ extern "C" fn small_ret(r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {
     }
 }
 
+/// A size whose byte count would overflow is clamped, and a thread then traces
+/// with it (until the twenty-seventh session 2^61 words made a one-page mapping
+/// that frames were written past: the thread died of a stack overflow).
+#[test]
+fn a_huge_shadow_stack_size_is_clamped() {
+    let _l = lock();
+    SMALL.iter().for_each(|c| c.store(0, SeqCst));
+    let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_nested")));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    fgraph::set_stack_words(1 << 61);
+    assert_eq!(fgraph::stack_words(), fgraph::MAX_STACK_WORDS);
+    let (r, misses) = std::thread::spawn(|| (tracee_nested(40), fgraph::thread_misses())).join().unwrap();
+    fgraph::set_stack_words(0);
+    fgraph::unregister_fgraph(&u).unwrap();
+    assert_eq!(r, expect_nested(40));
+    let [e, ret, bad] = [0, 1, 2].map(|i| SMALL[i].load(SeqCst));
+    assert_eq!((e, ret, bad, misses), (41, 41, 0, 0));
+}
+
 #[test]
 fn shadow_stack_overflow_counts_misses_and_results_stay_right() {
     let _l = lock();

@@ -375,12 +375,17 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
     R.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The largest shadow stack, in words: 2 GiB per thread (a size whose
+/// byte count overflowed made a one-page mapping that frames were then
+/// written past, until the twenty-seventh session).
+pub const MAX_STACK_WORDS: usize = 1 << 28;
+
 /// Sets the size (in `u64` words) of shadow stacks created from now on
 /// (threads that already have one keep theirs).  At least
-/// 6 (a frame without data, and one word); 0 restores the default (one
-/// page).
+/// 6 (a frame without data, and one word), at most [`MAX_STACK_WORDS`];
+/// 0 restores the default (one page).
 pub fn set_stack_words(words: usize) {
-    STACK_WORDS.store(if words == 0 { 0 } else { words.max(word::FIXED + 1) }, Relaxed);
+    STACK_WORDS.store(if words == 0 { 0 } else { words.clamp(word::FIXED + 1, MAX_STACK_WORDS) }, Relaxed);
 }
 
 /// The size of shadow stacks created from now on, in words.
@@ -742,9 +747,10 @@ impl Shadow {
             if !crate::thread::arm() {
                 return false;
             }
+            let Some(bytes) = words.checked_mul(8) else { return false };
             // SAFETY: a fresh anonymous mapping aliases nothing.
             let p = unsafe {
-                libc::mmap(std::ptr::null_mut(), words * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+                libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
             };
             if p == libc::MAP_FAILED {
                 return false;
