@@ -2006,8 +2006,18 @@ fn a_dlopened_library_that_brings_the_unwinder_keeps_its_exceptions() {
     let (dir, out) = record_tracee("dlopen-plugin", "function_graph", &args, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.stdout, plain.stdout);
-    let got = per_function(&open(&dir).processes[0]);
+    let t = open(&dir);
+    let got = per_function(&t.processes[0]);
     assert_eq!(count(&got, "plugin_caught"), (1, 1), "{got:?}");
+    // Later, exceptions caught in the library under two traced frames of the C
+    // program: those frames return, recorded (libstdc++ is in the library's scope
+    // alone, and until the twenty-seventh session its `__cxa_begin_catch` went
+    // unhooked: both frames lost their returns and showed as unwound).
+    assert!(String::from_utf8_lossy(&out.stdout).contains("plugin_later_caught 3"));
+    for f in ["rec_plugin_outer", "rec_plugin_inner"] {
+        assert_eq!(count(&got, f), (1, 1), "{f}: {got:?}");
+    }
+    check_nesting(&t.processes[0]);
 }
 
 /// Three threads load, call and close two libraries (one with constructor,

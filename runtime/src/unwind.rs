@@ -266,6 +266,9 @@ pub fn install() -> Result<usize, RuntimeError> {
             REAL[i].store(p, Release);
         }
     }
+    if REAL.iter().any(|r| r.load(Relaxed) == 0) {
+        resolve_in_local_scopes(st);
+    }
     let real: Vec<usize> = REAL.iter().map(|r| r.load(Acquire)).collect();
     let hooks = hook_addrs();
     let maps = Maps::read()?;
@@ -436,6 +439,47 @@ fn find_slots(live: &Live<'_>) -> Vec<(usize, usize)> {
         }
     }
     out
+}
+
+/// Finds the functions of [`HOOKED`] that the global lookup did not
+/// (`REAL` 0) in the scope of the modules that import them: a C program that
+/// `dlopen`s a C++ plugin `RTLD_LOCAL` has `libstdc++` (`__cxa_begin_catch`)
+/// in the plugin's scope alone.  Until the twenty-seventh session such a
+/// slot was left unhooked, and the frames a caught exception left in place
+/// lost their returns (shown `unwound` with wrong times).  `dlopen` with
+/// `RTLD_NOLOAD` gives the module's handle (and its reference back with
+/// `dlclose`); `dlsym` on it searches its dependencies.  Outside the loader
+/// lock, as `dlsym` takes it: the names come from a first pass.
+fn resolve_in_local_scopes(st: &Installed) {
+    let names = with_loaded(|set| {
+        let mut names = Vec::new();
+        for live in set.iter().filter(|l| !l.obj.is_main && !st.done.contains(&l.obj.key())) {
+            if find_slots(&live).iter().any(|&(_, e)| REAL[e].load(Relaxed) == 0) {
+                names.push(live.obj.name.clone());
+            }
+        }
+        names
+    });
+    for name in names {
+        let Ok(path) = std::ffi::CString::new(name) else { continue };
+        // SAFETY: dlopen of a module already loaded (RTLD_NOLOAD: nothing is
+        // loaded or run), then lookups by NUL-terminated names, then dlclose
+        // of the reference this dlopen took.
+        unsafe {
+            let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+            if h.is_null() {
+                continue;
+            }
+            for (i, name) in HOOKED.iter().enumerate() {
+                if REAL[i].load(Relaxed) == 0 {
+                    let c = std::ffi::CString::new(*name).expect("no NUL in the names");
+                    let p = libc::dlsym(h, c.as_ptr()) as usize;
+                    let _ = REAL[i].compare_exchange(0, p, Release, Relaxed);
+                }
+            }
+            libc::dlclose(h);
+        }
+    }
 }
 
 /// Points `live`'s slots at the hooks.  True when every slot is settled.

@@ -40,3 +40,17 @@ extern "C" int plugin_caught(void)
 {
 	return caught;
 }
+
+/* Catches `n` exceptions thrown two traced frames down; returns how many. */
+extern "C" __attribute__((noinline)) int plugin_catch(int n)
+{
+	int got = 0;
+	for (int i = 0; i < n; i++) {
+		try {
+			plugin_middle(i + 1);
+		} catch (const std::exception &) {
+			got++;
+		}
+	}
+	return got;
+}

@@ -483,6 +483,22 @@ static void alarm_jumps(long jumps, long tail)
 }
 
 /* dlopen(path, RTLD_NOW), or the loader's message and exit status 2. */
+/* Calls a plugin's function two traced frames down (they survive the
+ * exceptions it catches). */
+__attribute__((noinline)) long rec_plugin_inner(int (*f)(int), int n)
+{
+	long r = f(n);
+	__asm__ volatile("" ::: "memory");
+	return r;
+}
+
+__attribute__((noinline)) long rec_plugin_outer(int (*f)(int), int n)
+{
+	long r = rec_plugin_inner(f, n);
+	__asm__ volatile("" ::: "memory");
+	return r;
+}
+
 static void *open_or_exit(const char *path)
 {
 	void *h = dlopen(path, RTLD_NOW);
@@ -1256,10 +1272,14 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(mode, "dlopen-plugin")) {
-        /* A C++ library that throws in its static initialiser. */
+        /* A C++ library that throws in its static initialiser, then
+         * catches exceptions under two traced frames of ours (libstdc++ is
+         * in the library's scope alone: RTLD_LOCAL, and we are C). */
         void *h = open_or_exit(argv[2]);
         int (*caught)(void) = (int (*)(void))dlsym(h, "plugin_caught");
         printf("plugin_caught %d\n", caught ? caught() : -1);
+        int (*catcher)(int) = (int (*)(int))dlsym(h, "plugin_catch");
+        printf("plugin_later_caught %ld\n", catcher ? rec_plugin_outer(catcher, 3) : -1);
         dlclose(h);
         return 0;
     }
