@@ -487,6 +487,42 @@ fn exceptions_and_spawns_after_the_thread_local_destructors() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A program linked with its own copy of the unwinder (`-static-libgcc`) throws with no
+/// GOT slot for the unwinder hooks: under function_graph its first exception through a
+/// hijacked return ended it in `std::terminate` (until the twenty-seventh session).  Its
+/// functions are now left untraced, with a warning, and it runs as untraced; `-t function`
+/// records them.
+#[test]
+fn a_program_with_its_own_unwinder_runs_as_untraced() {
+    let cxx = "g++";
+    if !runs(cxx, &["--version"]) {
+        assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "CI needs g++");
+        eprintln!("skipped: needs g++");
+        return;
+    }
+    let dir = scratch("own-unwinder");
+    std::fs::write(dir.join("prog.cpp"), EXIT_THROWS).unwrap();
+    let exe = dir.join("prog");
+    compile(Command::new(cxx).arg("-O2").args(cflags_for(cxx)).args(["-static-libstdc++", "-static-libgcc", "-o"]).arg(&exe).arg(dir.join("prog.cpp")).arg("-pthread"));
+    let untraced = Command::new(&exe).output().unwrap();
+    assert!(untraced.status.success());
+    for tracer in ["function_graph", "function"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_ftramp"))
+            .args(["record", "-q", "-t", tracer, "-o"])
+            .arg(dir.join(tracer))
+            .arg("--")
+            .arg(&exe)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{tracer}: {err}");
+        assert_eq!(o.stdout, untraced.stdout, "{tracer}: {err}");
+        let warned = err.contains("it has its own copy of the unwinder") && err.contains("its functions are not traced");
+        assert_eq!(warned, tracer == "function_graph", "{tracer}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn boost_context_fibers_are_traced() {
     let cxx = "clang++-14";

@@ -250,6 +250,13 @@ pub struct Module {
     /// README).  Only counted where the file has a table (symbols are read
     /// only then).
     pub unlisted: usize,
+    /// The module defines `_Unwind_RaiseException` itself (linked with
+    /// `-static-libgcc`): its throws call that copy directly, with no GOT
+    /// slot for the unwinder hooks (`unwind.rs`), so under fgraph an
+    /// exception it throws through traced frames meets a hijacked return
+    /// and ends in `std::terminate`.  Seen where the full symbol table is
+    /// read (a module with sites, not stripped).
+    pub own_unwinder: bool,
     pub symbols: SymbolSource,
     key: Key,
 }
@@ -593,6 +600,7 @@ fn read_module(
         refused: Vec::new(),
         null_entries: 0,
         unlisted: 0,
+        own_unwinder: file.symbols.iter().any(|s| s.name == "_Unwind_RaiseException"),
         symbols: file.symbol_source,
         key: obj.key(),
     };
