@@ -508,7 +508,8 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         let (one, files) = (pids.len() == 1, if pids.len() == 1 { "its .info is" } else { "their .info files are" });
         note!(
             "ftramp record: nothing of {} {} is in the trace, not even in the counts of lost events: {files} \
-             empty, the recorder could not write to the trace (see the failed writes above){}",
+             empty: the recorder could not write to the trace (see any failed writes above), or the process was \
+             killed as it started{}",
             if one { "pid" } else { "pids" },
             pids.join(", "),
             free_space_note(&dir)

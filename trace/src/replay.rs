@@ -336,7 +336,7 @@ pub fn process_line(p: &Process) -> String {
         // The recorder writes the `exit` line as the image ends, whatever
         // ends it but SIGKILL (or an exit system call made directly, or a
         // process still running): its last events may be missing too.
-        None if p.info_empty => notes.push("exit: not recorded (its .info is empty: the recorder could not write to the trace, a full disk?)".into()),
+        None if p.info_empty => notes.push("exit: not recorded (its .info is empty: the trace could not be written, a full disk, or it was killed as it started)".into()),
         None => notes.push("exit: not recorded (SIGKILL, or still running)".into()),
     }
     if p.lost > 0 {
