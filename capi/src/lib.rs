@@ -200,10 +200,15 @@ fn ops_error(e: OpsError, st: &HandleState) -> CError {
     let code = match &e {
         OpsError::AlreadyRegistered(_) | OpsError::IpModifyConflict { .. } => libc::EBUSY,
         OpsError::NotRegistered(_) => libc::ENOENT,
-        OpsError::NoSites => libc::ESRCH,
+        OpsError::NoSites(_) => libc::ESRCH,
+        OpsError::UnknownFlags(_) => libc::EINVAL,
         OpsError::FromCallback => libc::EDEADLK,
         OpsError::Runtime(_) => libc::EIO,
     };
+    if let OpsError::NoSites(_) = e {
+        // (The message names the filters already.)
+        return CError::new(code, e.to_string());
+    }
     CError::new(code, format!("{e} ({})", describe(st)))
 }
 

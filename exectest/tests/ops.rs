@@ -127,8 +127,16 @@ fn bad_filters_are_errors() {
     let _l = lock();
     assert!(Filter::new().glob("tracee_[").is_err());
     assert!(Filter::new().parse("0xzz").is_err());
-    let ops = counting(Filter::new().symbol("no_such_function_anywhere"));
-    assert!(matches!(ftrace().register(ops), Err(OpsError::NoSites)));
+    let ops = counting(Filter::new().symbol("no_such_function_anywhere").glob("nor_this_*").unwrap());
+    let e = ftrace().register(ops).unwrap_err();
+    assert!(matches!(e, OpsError::NoSites(_)));
+    // The message names the filter (until the twenty-seventh session: "the ops
+    // matches no patchable site", for an fgraph user too).
+    assert_eq!(e.to_string(), "no patchable site matches the filter `no_such_function_anywhere`, `nor_this_*`");
+    // Flags that do not exist are refused, as the C API does.
+    let odd = Arc::new(Ops::new(count).flags(OpsFlags(1 << 20)));
+    let e = ftrace().register(odd).unwrap_err();
+    assert_eq!(e.to_string(), "unknown ops flags 0x100000");
 }
 
 #[test]

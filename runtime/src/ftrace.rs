@@ -58,8 +58,10 @@ pub enum OpsError {
     NotRegistered(usize),
     #[error("{site} is already traced by an IPMODIFY ops; at most one may redirect a function")]
     IpModifyConflict { site: String },
-    #[error("the ops matches no patchable site")]
-    NoSites,
+    #[error("no patchable site matches {0}")]
+    NoSites(String),
+    #[error("unknown ops flags {0:#x}")]
+    UnknownFlags(u32),
     #[error("cannot (un)register from inside a callback")]
     FromCallback,
     #[error(transparent)]
@@ -385,11 +387,14 @@ impl Ftrace {
         if st.ops.iter().any(|o| Arc::as_ptr(o) as usize == key) {
             return Err(OpsError::AlreadyRegistered(key));
         }
+        if ops.get_flags().0 & !OpsFlags::ALL.0 != 0 {
+            return Err(OpsError::UnknownFlags(ops.get_flags().0 & !OpsFlags::ALL.0));
+        }
         st.refresh()?;
         let d = st.discovery.as_ref().expect("refreshed");
         let matched: Vec<&Site> = d.sites().filter(|s| ops.traces(s)).collect();
         if matched.is_empty() && !ops.get_flags().contains(OpsFlags::ALLOW_NO_SITES) {
-            return Err(OpsError::NoSites);
+            return Err(OpsError::NoSites(ops.describe_filters()));
         }
         if ops.get_flags().contains(OpsFlags::IPMODIFY) {
             for s in &matched {
@@ -448,11 +453,14 @@ impl Ftrace {
         if st.ops.iter().any(|o| Arc::as_ptr(o) as usize == new_key) {
             return Err(OpsError::AlreadyRegistered(new_key));
         }
+        if new.get_flags().0 & !OpsFlags::ALL.0 != 0 {
+            return Err(OpsError::UnknownFlags(new.get_flags().0 & !OpsFlags::ALL.0));
+        }
         st.refresh()?;
         let d = st.discovery.as_ref().expect("refreshed");
         let matched: Vec<&Site> = d.sites().filter(|s| new.traces(s)).collect();
         if matched.is_empty() && !new.get_flags().contains(OpsFlags::ALLOW_NO_SITES) {
-            return Err(OpsError::NoSites);
+            return Err(OpsError::NoSites(new.describe_filters()));
         }
         if new.get_flags().contains(OpsFlags::IPMODIFY) {
             for s in &matched {

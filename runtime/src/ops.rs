@@ -47,6 +47,10 @@ impl OpsFlags {
     /// `dlopen`).  Without it such a register fails with `NoSites`.
     pub const ALLOW_NO_SITES: OpsFlags = OpsFlags(1 << 3);
 
+    /// Every flag there is; registering an ops with another bit set is
+    /// refused ([`OpsError::UnknownFlags`](crate::ftrace::OpsError)).
+    pub const ALL: OpsFlags = OpsFlags(Self::SAVE_REGS.0 | Self::RECURSION.0 | Self::IPMODIFY.0 | Self::ALLOW_NO_SITES.0);
+
     pub const fn empty() -> OpsFlags {
         OpsFlags(0)
     }
@@ -149,6 +153,21 @@ impl NameWords {
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     items: Vec<FilterItem>,
+}
+
+/// The items, as given: `` `a`, `b*`, `0x1234` `` (empty: nothing).
+impl std::fmt::Display for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, item) in self.items.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            match item {
+                FilterItem::Addr(a) => write!(f, "{sep}`{a:#x}`")?,
+                FilterItem::Symbol(name, _) => write!(f, "{sep}`{name}`")?,
+                FilterItem::Glob(m, _) => write!(f, "{sep}`{}`", m.glob())?,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A filter item that could not be understood.
@@ -307,6 +326,16 @@ impl Ops {
 
     pub fn get_flags(&self) -> OpsFlags {
         self.flags
+    }
+
+    /// Its filters in words, for messages: "the filter `a`, `b*`" (or
+    /// "every function"), and " less the notrace `c`" when it has one.
+    pub fn describe_filters(&self) -> String {
+        let mut s = if self.filter.is_empty() { "every function".to_string() } else { format!("the filter {}", self.filter) };
+        if !self.notrace.is_empty() {
+            s += &format!(" less the notrace {}", self.notrace);
+        }
+        s
     }
 
     pub fn func(&self) -> OpsFunc {
