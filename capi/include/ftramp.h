@@ -37,7 +37,9 @@
  * No function panics or aborts on bad input.
  *
  * Threads: every function may be called from any thread.  Registering,
- * unregistering and freeing are serialized internally.
+ * unregistering and freeing are serialized internally.  None is
+ * async-signal-safe: a signal handler that calls one while its thread is
+ * inside another (holding the runtime's lock) deadlocks.
  */
 #ifndef FTRAMP_H
 #define FTRAMP_H

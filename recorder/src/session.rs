@@ -942,7 +942,11 @@ pub fn write_loss_note(out: &mut dyn std::fmt::Write, cause: usize, n: u64, plac
             "at least {n} events not written{place}: traced functions were called after the process's final flush, \
              while it was ending (by other threads, or by signal handlers)"
         ),
-        2 => write!(out, "{n} calls not recorded{place} (nested deeper than the {SHADOW_STACK_FRAMES} frames a shadow stack holds)"),
+        2 => write!(
+            out,
+            "{n} calls not recorded{place} (nested deeper than the {SHADOW_STACK_FRAMES} frames a shadow stack holds; \
+             each tail call made by a jump counts as a level, as its frame returns only with its caller's)"
+        ),
         _ => write!(out, "{n} calls not recorded{place} (made by signal handlers that interrupted the recorder)"),
     }
 }

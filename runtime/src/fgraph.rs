@@ -101,8 +101,8 @@
 //! if any user's filter is empty).  With several users, a per-site bitmap
 //! (sorted table, binary search) says which users trace the calling site;
 //! with one user its callbacks are called directly, no table, no loop.
-//! Changing the set of users re-registers the internal ops: calls made
-//! during that window are not traced.
+//! Changing the set of users replaces the internal ops in one step
+//! (`ftrace().replace`), so the users that stay miss no call.
 
 use crate::exec::JitImage;
 use crate::ftrace::{ftrace, OpsError};
