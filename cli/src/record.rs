@@ -935,6 +935,44 @@ fn loss_notes(s: &Summary) -> Vec<String> {
 }
 
 fn no_sites_advice(prog: &Path) -> String {
+    let n = table_lost(prog);
+    if n > 0 {
+        return format!(
+            "{} has no patch site table, but {n} of its functions begin with a patch site's NOPs: the link dropped the \
+             table, so nothing in it is traced. gcc (12) ties a file's table to the section of its first function, and \
+             `--gc-sections` drops it with that function when it is unused and the file was compiled with \
+             `-ffunction-sections` (the `cc` crate's default); add `-fno-function-sections`, or build with clang",
+            prog.display()
+        );
+    }
     let flags = ftramp_runtime::host_spec().raw.site.flags.clone();
     ftramp_trace::format::no_sites_advice(&prog.display().to_string(), &flags)
+}
+
+/// How many functions of `prog` begin (after a landing pad) with a site's
+/// NOPs when it has no site table at all: the compiler made the sites and
+/// the link lost the table (0 when it has one, or none begins so, or it
+/// cannot be read).  Until the twenty-seventh session such a program got the
+/// advice to build with the flags it was built with.
+fn table_lost(prog: &Path) -> usize {
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+    let Ok(data) = std::fs::read(prog) else { return 0 };
+    let Ok(file) = object::File::parse(&*data) else { return 0 };
+    if file.section_by_name("__patchable_function_entries").is_some() || file.section_by_name("__mcount_loc").is_some() {
+        return 0;
+    }
+    let spec = ftramp_runtime::host_spec();
+    let pads: [&[u8]; 2] = [&[0xf3, 0x0f, 0x1e, 0xfa], &[0x5f, 0x24, 0x03, 0xd5]];
+    file.symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.size() as usize >= spec.site_len)
+        .filter(|s| {
+            let Some(Ok(bytes)) = s.section_index().and_then(|i| file.section_by_index(i).ok()).map(|sec| {
+                sec.data_range(s.address(), (spec.site_len + 4) as u64).map(|b| b.unwrap_or_default().to_vec())
+            }) else {
+                return false;
+            };
+            let at = pads.iter().find(|p| bytes.starts_with(p)).map_or(0, |p| p.len());
+            bytes.get(at..at + spec.site_len).is_some_and(|b| spec.nops.iter().any(|n| n.as_slice() == b))
+        })
+        .count()
 }

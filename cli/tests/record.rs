@@ -431,6 +431,42 @@ fn a_trace_directory_still_recorded_into_is_not_replaced() {
     }
 }
 
+/// A C program compiled with `-ffunction-sections` and linked with `--gc-sections` whose
+/// file's first function is unused loses its whole site table with gcc 12 (the table is
+/// tied to that function's section): `ftramp record` says so, and how to keep it, instead
+/// of advising the flags it was built with (until the twenty-seventh session).  With a
+/// compiler that keeps the table, the functions are traced.
+#[test]
+fn a_site_table_the_link_dropped_is_reported() {
+    let d = dir("gc-sections");
+    std::fs::create_dir_all(&d).unwrap();
+    let src = d.join("gcs.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n__attribute__((noinline)) int first_unused(int x) { return x * 7; }\n\
+         __attribute__((noinline)) int second(int x) { return x + 1; }\n\
+         int main(int argc, char **argv) { printf(\"%d\\n\", second(argc)); return 0; }\n",
+    )
+    .unwrap();
+    let exe = d.join("gcs");
+    compile(&["-O2", "-ffunction-sections", "-Wl,--gc-sections"], &exe, &src, &[]);
+    let kept = {
+        use object::Object;
+        let data = std::fs::read(&exe).unwrap();
+        object::File::parse(&*data).unwrap().section_by_name("__patchable_function_entries").is_some()
+    };
+    let o = record(&d.join("trace"), &[], &exe, &[]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    if kept {
+        eprintln!("this compiler keeps the table: checked that the functions are traced");
+        assert!(!err.contains("nothing in it is traced"), "{err}");
+    } else {
+        assert!(err.contains("has no patch site table, but 2 of its functions begin with a patch site's NOPs"), "{err}");
+        assert!(err.contains("add `-fno-function-sections`"), "{err}");
+    }
+}
+
 #[test]
 fn a_filter_that_recorded_nothing_is_reported() {
     let said = "no call of a function matching the filters was recorded (-F rec_nosuch*)";
