@@ -65,6 +65,15 @@ pub fn header(spec: &Spec, prefix: &str) -> String {
         let _ = writeln!(w, "\tcase {i}: return fregs->{};", spec.reg_name(*r));
     }
     let _ = writeln!(w, "\tdefault: return 0;\n\t}}\n}}\n");
+    let _ = writeln!(w, "/* Sets the n-th integer argument the traced function gets (0-based); no effect past the register arguments.");
+    // (s390x r6: the ABI's argument 5 register is also callee-saved, so
+    // the traced function gives the caller back the value it got.)
+    for (i, r) in spec.int_args.iter().enumerate().filter(|(_, r)| spec.callee_saved_args.contains(r)) {
+        let n = spec.reg_name(*r);
+        let _ = writeln!(w, "   Argument {i} is passed in {n}, which the ABI also makes callee-saved: the traced function restores");
+        let _ = writeln!(w, "   {n} to the value it got before it returns, so setting argument {i} changes the caller's {n} after the call too.");
+    }
+    let _ = writeln!(w, " */");
     let _ = writeln!(w, "static inline void ftrace_regs_set_argument(struct ftrace_regs *fregs, unsigned int n, unsigned long v)\n{{\n\tswitch (n) {{");
     for (i, r) in spec.int_args.iter().enumerate() {
         let _ = writeln!(w, "\tcase {i}: fregs->{} = v; break;", spec.reg_name(*r));

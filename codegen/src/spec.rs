@@ -170,6 +170,13 @@ pub struct RawAbi {
     #[serde(default)]
     pub entry_live: Vec<String>,
     pub callee_saved: Vec<String>,
+    /// Argument registers that the ABI also makes callee-saved (s390x
+    /// `r6`): the traced function restores the value it got, so a callback
+    /// that sets such an argument changes the caller's register after the
+    /// call too.  Documentation only (the header's `set_argument` comment);
+    /// the trampolines treat them as arguments.  Default: none.
+    #[serde(default)]
+    pub callee_saved_args: Vec<String>,
     pub stack_pointer: String,
     pub frame_pointer: String,
     #[serde(default)]
@@ -291,6 +298,8 @@ pub struct Spec {
     pub fp_ret: Vec<Reg>,
     pub entry_live: Vec<Reg>,
     pub callee_saved: Vec<Reg>,
+    /// `abi.callee_saved_args`: a subset of `int_args`.
+    pub callee_saved_args: Vec<Reg>,
     pub sp: Reg,
     pub fp: Reg,
     pub lr: Option<Reg>,
@@ -597,6 +606,10 @@ impl Checker<'_> {
         let fp_ret = self.list("abi.fp_ret", &a.fp_ret, Some(RegClass::Vector))?;
         let entry_live = self.list("abi.entry_live", &a.entry_live, Some(RegClass::Gpr))?;
         let callee_saved = self.list("abi.callee_saved", &a.callee_saved, None)?;
+        let callee_saved_args = self.list("abi.callee_saved_args", &a.callee_saved_args, Some(RegClass::Gpr))?;
+        if let Some(r) = callee_saved_args.iter().find(|r| !int_args.contains(r)) {
+            return Err(self.err("abi.callee_saved_args", format!("`{}` is not an argument register (abi.int_args)", regs.gpr[r.enc as usize])));
+        }
         if int_args.len() < 4 {
             return Err(self.err("abi.int_args", "at least 4 integer argument registers are needed for the tracer call"));
         }
@@ -792,6 +805,7 @@ impl Checker<'_> {
             fp_ret,
             entry_live,
             callee_saved,
+            callee_saved_args,
             sp,
             fp,
             lr,

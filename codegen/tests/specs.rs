@@ -222,3 +222,12 @@ fn the_stack_pointer_as_a_slot_is_rejected() {
     let e = broken_arch("s390x", |t| t.replacen("slots = [\"r0\",", "slots = [\"r15\", \"r0\",", 1));
     assert!(e.contains("s390x.toml") && e.contains("pt_regs.slots") && e.contains("`r15`") && e.contains("stack pointer"), "{e}");
 }
+
+#[test]
+fn a_callee_saved_argument_must_be_an_argument() {
+    let e = broken_arch("s390x", |t| t.replacen("callee_saved_args = [\"r6\"]", "callee_saved_args = [\"r7\"]", 1));
+    assert!(e.contains("s390x.toml") && e.contains("abi.callee_saved_args") && e.contains("`r7`"), "{e}");
+    let (_, file, text) = BUILTIN.iter().find(|b| b.0 == "s390x").unwrap();
+    let spec = Spec::parse(file, text).unwrap();
+    assert_eq!(spec.callee_saved_args.iter().map(|r| spec.reg_name(*r)).collect::<Vec<_>>(), ["r6"]);
+}
