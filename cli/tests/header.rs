@@ -44,7 +44,7 @@ fn declared(header: &str) -> BTreeSet<String> {
             let name = if let Some(f) = l.strip_prefix("void ").and_then(|r| r.strip_suffix("(void);")) {
                 f
             } else if l.starts_with("extern ") && !l.starts_with("extern \"C\"") {
-                l.trim_end_matches(';').rsplit(|c: char| c == ' ' || c == '*').next().unwrap()
+                l.trim_end_matches(';').rsplit([' ', '*']).next().unwrap()
             } else {
                 return None;
             };
