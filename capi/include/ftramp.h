@@ -143,7 +143,9 @@ unsigned int ftramp_nr_fp_args(void);
 
 /* The n-th integer argument register; 0 past ftramp_nr_int_args(). */
 unsigned long ftrace_regs_get_argument(const struct ftrace_regs *fregs, unsigned int n);
-/* 0, or -EINVAL past the last argument register. */
+/* 0, or -EINVAL past the last argument register.  s390x: argument 4 is r6,
+   which callees preserve, so setting it changes the caller's r6 after the
+   call too. */
 int ftrace_regs_set_argument(struct ftrace_regs *fregs, unsigned int n, unsigned long v);
 /* The n-th FP argument register as a double; 0.0 past ftramp_nr_fp_args(). */
 double ftrace_regs_get_fp_argument(const struct ftrace_regs *fregs, unsigned int n);

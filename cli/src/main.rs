@@ -195,6 +195,9 @@ enum Cmd {
         #[arg(short = 'o', long, value_name = "FILE", required_unless_present = "header")]
         output: Option<PathBuf>,
         /// Print the C header (ftrace_regs/pt_regs layouts and accessors) instead.
+        /// With -V it declares exactly the symbols of the object of those
+        /// variants; without, those of the default object and of the direct and
+        /// callsite variants.
         #[arg(long)]
         header: bool,
         /// Variants to include (default: args-list, regs-list, return).  Direct
@@ -203,7 +206,8 @@ enum Cmd {
         /// and `ftrace_direct_func_i` for i = 1..N-1.
         #[arg(long, short = 'V', value_name = "VARIANT")]
         variant: Vec<String>,
-        /// Prefix for every symbol the object defines.
+        /// Prefix for every symbol the object defines (letters, digits and `_`,
+        /// not starting with a digit: the header declares the prefixed names).
         #[arg(long, default_value = "")]
         prefix: String,
         #[command(flatten)]
@@ -335,8 +339,18 @@ fn run() -> Result<()> {
         Cmd::Demo(a) => demo::run(a)?,
         Cmd::Gen { arch: a, output, header: want_header, variant, prefix, upper } => {
             let spec = a.load()?;
+            // The header declares every prefixed symbol: a prefix that does
+            // not make C identifiers gives one that does not compile.
+            header::check_prefix(&prefix).map_err(|e| anyhow::anyhow!("--prefix: {e}"))?;
             let bytes = if want_header {
-                header::header(&spec, &prefix).into_bytes()
+                // With -V: exactly what the object of those variants defines.
+                if variant.is_empty() {
+                    header::header(&spec, &prefix).into_bytes()
+                } else {
+                    let vs = variants(&variant, &DEFAULT_OBJECT)?;
+                    let image = Image::generate_opts(&spec, &vs, gen_options(&spec, SiteEntry::Call, &upper)?)?;
+                    header::header_for(&spec, &prefix, &image).into_bytes()
+                }
             } else {
                 let vs = variants(&variant, &DEFAULT_OBJECT)?;
                 let image = Image::generate_opts(&spec, &vs, gen_options(&spec, SiteEntry::Call, &upper)?)?;

@@ -2,10 +2,34 @@
 //! `ftrace_regs` / `pt_regs` layouts printed from the same [`FrameLayout`]
 //! the trampolines use, with `_Static_assert`s pinning every offset, and the
 //! Linux-named accessors.
+//!
+//! It is C and C++ alike (`extern "C"`, `static_assert` under C++), since
+//! the callbacks it serves are as often written in C++.  [`header_for`]
+//! declares exactly the symbols an object of the same variants defines, so
+//! a program that compiles against it links; [`header`] declares those of
+//! the default object plus the direct and callsite ones, as it always has.
 
 use crate::frame::{FrameLayout, Slot};
+use crate::image::Image;
+use crate::program::DataWord;
 use crate::spec::{RegClass, SlotKind, Spec};
 use std::fmt::Write;
+
+/// Checks that `prefix` (`ftramp gen --prefix`) makes C identifiers of the
+/// symbols it is put before: empty, or a letter or `_` followed by
+/// letters, digits and `_`.  The error says what is wrong with it.
+pub fn check_prefix(prefix: &str) -> Result<(), String> {
+    let mut chars = prefix.chars();
+    if let Some(c) = chars.next() {
+        if !(c.is_ascii_alphabetic() || c == '_') {
+            return Err(format!("`{prefix}` starts with `{c}`: a C identifier starts with a letter or `_`"));
+        }
+    }
+    if let Some(c) = prefix.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_')) {
+        return Err(format!("`{prefix}` contains `{}`: a C identifier has only letters, digits and `_`", c.escape_default()));
+    }
+    Ok(())
+}
 
 fn member(spec: &Spec, s: &Slot) -> String {
     spec.slot_name(s.kind)
@@ -20,8 +44,29 @@ fn decl(spec: &Spec, s: &Slot) -> String {
     }
 }
 
-/// The header text for `spec`.
+/// The header text for `spec`, declaring the symbols of the default object
+/// (`ftrace_caller`, `ftrace_regs_caller`, `return_to_handler`,
+/// `function_trace_op`) and of the direct and callsite variants.
 pub fn header(spec: &Spec, prefix: &str) -> String {
+    render(spec, prefix, None)
+}
+
+/// The header text for `spec`, declaring exactly the symbols the object of
+/// `image` (`object::write` with the same `prefix`) defines.
+pub fn header_for(spec: &Spec, prefix: &str, image: &Image) -> String {
+    render(spec, prefix, Some(image))
+}
+
+/// The C declaration of an exported data word.
+fn word_decl(word: DataWord, name: &str) -> String {
+    match word {
+        DataWord::TracerFunc(_) => format!("extern ftrace_func_t {name};"),
+        DataWord::FunctionTraceOp | DataWord::TracerOp(_) => format!("extern struct ftrace_ops *{name};"),
+        _ => format!("extern unsigned long {name};"),
+    }
+}
+
+fn render(spec: &Spec, prefix: &str, image: Option<&Image>) -> String {
     let l = FrameLayout::new(spec);
     let arch = spec.name.to_uppercase();
     let mut h = String::new();
@@ -31,6 +76,8 @@ pub fn header(spec: &Spec, prefix: &str) -> String {
     let _ = writeln!(w, "#include <stddef.h>\n#include <string.h>\n");
     let _ = writeln!(w, "#if !defined({}) && !defined(FTRAMP_NO_ARCH_CHECK)", gcc_macro(&spec.name));
     let _ = writeln!(w, "#error \"this header describes {}\"\n#endif\n", spec.name);
+    let _ = writeln!(w, "#ifdef __cplusplus\nextern \"C\" {{\n#define FTRAMP_STATIC_ASSERT(e, m) static_assert(e, m)\n#else");
+    let _ = writeln!(w, "#define FTRAMP_STATIC_ASSERT(e, m) _Static_assert(e, m)\n#endif\n");
     let _ = writeln!(w, "/* What the `args` tier saves.  `ip` is where execution resumes after the callback,");
     let _ = writeln!(w, "   `return_address` where the traced function returns, `sp` its stack pointer at entry. */");
     let _ = writeln!(w, "struct ftrace_regs {{");
@@ -44,13 +91,13 @@ pub fn header(spec: &Spec, prefix: &str) -> String {
         let _ = writeln!(w, "\t{:<50} /* {:>4} */", decl(spec, s), s.offset);
     }
     let _ = writeln!(w, "}} __attribute__((aligned(16)));\n");
-    let _ = writeln!(w, "_Static_assert(sizeof(struct ftrace_regs) == {}, \"ftrace_regs size\");", l.fregs_size);
-    let _ = writeln!(w, "_Static_assert(sizeof(struct pt_regs) == {}, \"pt_regs size\");", l.pt_regs_size);
+    let _ = writeln!(w, "FTRAMP_STATIC_ASSERT(sizeof(struct ftrace_regs) == {}, \"ftrace_regs size\");", l.fregs_size);
+    let _ = writeln!(w, "FTRAMP_STATIC_ASSERT(sizeof(struct pt_regs) == {}, \"pt_regs size\");", l.pt_regs_size);
     for s in l.fregs_slots() {
-        let _ = writeln!(w, "_Static_assert(offsetof(struct ftrace_regs, {}) == {}, \"ftrace_regs layout\");", member(spec, s), s.offset);
+        let _ = writeln!(w, "FTRAMP_STATIC_ASSERT(offsetof(struct ftrace_regs, {}) == {}, \"ftrace_regs layout\");", member(spec, s), s.offset);
     }
     for s in &l.slots[l.fregs_count..] {
-        let _ = writeln!(w, "_Static_assert(offsetof(struct pt_regs, {}) == {}, \"pt_regs layout\");", member(spec, s), s.offset);
+        let _ = writeln!(w, "FTRAMP_STATIC_ASSERT(offsetof(struct pt_regs, {}) == {}, \"pt_regs layout\");", member(spec, s), s.offset);
     }
 
     let name = |kind: SlotKind| spec.slot_name(kind);
@@ -65,6 +112,15 @@ pub fn header(spec: &Spec, prefix: &str) -> String {
         let _ = writeln!(w, "\tcase {i}: return fregs->{};", spec.reg_name(*r));
     }
     let _ = writeln!(w, "\tdefault: return 0;\n\t}}\n}}\n");
+    let _ = writeln!(w, "/* Sets the n-th integer argument the traced function gets (0-based); no effect past the register arguments.");
+    // (s390x r6: the ABI's argument 5 register is also callee-saved, so
+    // the traced function gives the caller back the value it got.)
+    for (i, r) in spec.int_args.iter().enumerate().filter(|(_, r)| spec.callee_saved_args.contains(r)) {
+        let n = spec.reg_name(*r);
+        let _ = writeln!(w, "   Argument {i} is passed in {n}, which the ABI also makes callee-saved: the traced function restores");
+        let _ = writeln!(w, "   {n} to the value it got before it returns, so setting argument {i} changes the caller's {n} after the call too.");
+    }
+    let _ = writeln!(w, " */");
     let _ = writeln!(w, "static inline void ftrace_regs_set_argument(struct ftrace_regs *fregs, unsigned int n, unsigned long v)\n{{\n\tswitch (n) {{");
     for (i, r) in spec.int_args.iter().enumerate() {
         let _ = writeln!(w, "\tcase {i}: fregs->{} = v; break;", spec.reg_name(*r));
@@ -100,25 +156,46 @@ pub fn header(spec: &Spec, prefix: &str) -> String {
 
     let _ = writeln!(w, "/* The patch site: compile with {} ({} for callsite dispatch). */", spec.raw.site.flags, spec.raw.site.callsite_flags);
     let _ = writeln!(w, "#define FTRACE_SITE_SIZE {}", spec.site_len);
-    let nop = spec.nops[0].iter().map(|b| format!("0x{b:02x}")).collect::<Vec<_>>().join(", ");
-    let _ = writeln!(w, "#define FTRACE_SITE_NOP {{ {nop} }}");
+    let bytes = |nop: &[u8]| nop.iter().map(|b| format!("0x{b:02x}")).collect::<Vec<_>>().join(", ");
+    let _ = writeln!(w, "/* A disabled site: FTRACE_SITE_NOPS are all the forms the runtime accepts (spec site.nops: what the");
+    let _ = writeln!(w, "   compilers emit with the flags above), FTRACE_SITE_NOP the first of them. */");
+    let _ = writeln!(w, "#define FTRACE_SITE_NOP {{ {} }}", bytes(&spec.nops[0]));
+    let _ = writeln!(w, "#define FTRACE_SITE_NR_NOPS {}", spec.nops.len());
+    let all = spec.nops.iter().map(|n| format!("{{ {} }}", bytes(n))).collect::<Vec<_>>().join(", ");
+    let _ = writeln!(w, "#define FTRACE_SITE_NOPS {{ {all} }}");
     let _ = writeln!(w, "/* ip passed to callbacks = address after the site + FTRACE_IP_OFFSET */");
     let _ = writeln!(w, "#define FTRACE_IP_OFFSET ({})", spec.raw.site.ip_offset);
     let _ = writeln!(w, "/* callsite dispatch: the ops pointer is at ip + FTRACE_CALLSITE_OPS_OFFSET; its first word is the callback */");
     let _ = writeln!(w, "#define FTRACE_CALLSITE_OPS_OFFSET ({})\n", spec.raw.site.callsite_ops_offset);
-    let _ = writeln!(w, "/* The object's interface (`ftramp gen -o FILE.o`). */");
-    let _ = writeln!(w, "extern struct ftrace_ops *{prefix}function_trace_op;");
+    let _ = writeln!(w, "/* The functions the program provides to the object. */");
     let _ = writeln!(w, "void ftrace_ops_list_func(unsigned long ip, unsigned long parent_ip, struct ftrace_ops *op, struct ftrace_regs *fregs);");
     let _ = writeln!(w, "unsigned long ftrace_return_to_handler(struct ftrace_regs *fregs);");
-    for sym in ["ftrace_caller", "ftrace_regs_caller", "return_to_handler"] {
-        let _ = writeln!(w, "void {prefix}{sym}(void);");
+    match image {
+        Some(image) => {
+            let names = image.trampolines.iter().map(|t| t.variant.name()).collect::<Vec<_>>().join(" -V ");
+            let _ = writeln!(w, "/* The object's interface (`ftramp gen -V {names} -o FILE.o`). */");
+            for t in &image.trampolines {
+                let _ = writeln!(w, "void {prefix}{}(void);", t.symbol);
+            }
+            for word in image.data.iter().filter(|d| d.initial_symbol().is_none()) {
+                let _ = writeln!(w, "{}", word_decl(*word, &format!("{prefix}{}", word.symbol())));
+            }
+        }
+        None => {
+            let _ = writeln!(w, "/* The object's interface (`ftramp gen -o FILE.o`). */");
+            let _ = writeln!(w, "extern struct ftrace_ops *{prefix}function_trace_op;");
+            for sym in ["ftrace_caller", "ftrace_regs_caller", "return_to_handler"] {
+                let _ = writeln!(w, "void {prefix}{sym}(void);");
+            }
+            let _ = writeln!(w, "/* With `-V all` (or the direct/callsite variants; `ftramp gen --header -V ...` declares exactly those of an object): */");
+            for sym in ["ftrace_direct_caller", "ftrace_regs_direct_caller", "ftrace_callsite_caller", "ftrace_regs_callsite_caller"] {
+                let _ = writeln!(w, "void {prefix}{sym}(void);");
+            }
+            let _ = writeln!(w, "{}", word_decl(DataWord::DirectOp, &format!("{prefix}ftrace_direct_op")));
+            let _ = writeln!(w, "{}", word_decl(DataWord::DirectFunc, &format!("{prefix}ftrace_direct_func")));
+        }
     }
-    let _ = writeln!(w, "/* With `-V all` (or the direct/callsite variants): */");
-    for sym in ["ftrace_direct_caller", "ftrace_regs_direct_caller", "ftrace_callsite_caller", "ftrace_regs_callsite_caller"] {
-        let _ = writeln!(w, "void {prefix}{sym}(void);");
-    }
-    let _ = writeln!(w, "extern struct ftrace_ops *{prefix}ftrace_direct_op;");
-    let _ = writeln!(w, "extern ftrace_func_t {prefix}ftrace_direct_func;");
+    let _ = writeln!(w, "\n#ifdef __cplusplus\n}}\n#endif\n#undef FTRAMP_STATIC_ASSERT");
     let _ = writeln!(w, "\n#endif /* FTRAMP_{arch}_H */");
     h
 }

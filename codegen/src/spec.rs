@@ -9,7 +9,12 @@
 //! per-arch backends only know how to encode instructions.
 //!
 //! A spec that does not parse or does not hold together is rejected with a
-//! [`SpecError`] naming the file, the field and the problem.
+//! [`SpecError`] naming the file, the field and the problem.  That includes
+//! edits the generator would turn into broken code without noticing: the
+//! encoders take register *numbers*, so `arch.name` (which picks the encoder)
+//! must go with the register set of the built-in spec of that name; a
+//! register the trampolines use as a temporary or jump through must not
+//! hold anything at entry or return; the stack pointer is never a slot.
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -165,6 +170,13 @@ pub struct RawAbi {
     #[serde(default)]
     pub entry_live: Vec<String>,
     pub callee_saved: Vec<String>,
+    /// Argument registers that the ABI also makes callee-saved (s390x
+    /// `r6`): the traced function restores the value it got, so a callback
+    /// that sets such an argument changes the caller's register after the
+    /// call too.  Documentation only (the header's `set_argument` comment);
+    /// the trampolines treat them as arguments.  Default: none.
+    #[serde(default)]
+    pub callee_saved_args: Vec<String>,
     pub stack_pointer: String,
     pub frame_pointer: String,
     #[serde(default)]
@@ -286,6 +298,8 @@ pub struct Spec {
     pub fp_ret: Vec<Reg>,
     pub entry_live: Vec<Reg>,
     pub callee_saved: Vec<Reg>,
+    /// `abi.callee_saved_args`: a subset of `int_args`.
+    pub callee_saved_args: Vec<Reg>,
     pub sp: Reg,
     pub fp: Reg,
     pub lr: Option<Reg>,
@@ -467,7 +481,7 @@ impl Checker<'_> {
         Ok(Location::Reg(self.gpr(field, s)?))
     }
 
-    fn slots(&self, field: &str, names: &[String]) -> Result<Vec<SlotKind>, SpecError> {
+    fn slots(&self, field: &str, names: &[String], sp: Reg) -> Result<Vec<SlotKind>, SpecError> {
         let mut out = Vec::new();
         for n in names {
             let s = match n.as_str() {
@@ -488,6 +502,14 @@ impl Checker<'_> {
                     if r.class == RegClass::Special {
                         return Err(self.err(field, format!("`{n}` is a special register and cannot be a slot")));
                     }
+                    // Restoring it from the frame would load it through
+                    // itself while it still points at the frame.
+                    if r == sp {
+                        return Err(self.err(
+                            field,
+                            format!("`{n}` is the stack pointer (abi.stack_pointer): its value at entry is the `sp` slot, and a trampoline cannot restore it from a slot"),
+                        ));
+                    }
                     SlotKind::Reg(r)
                 }
             };
@@ -499,7 +521,52 @@ impl Checker<'_> {
         Ok(out)
     }
 
+    /// `arch.name` selects the encoder (`arch::lookup`), which was written
+    /// for the register numbering and ELF machine of the built-in spec of
+    /// that name: a spec file may change the ABI use of the registers but not
+    /// the registers themselves, or the encoder gets numbers it truncates or
+    /// reads as other registers (an aarch64 spec renamed `x86_64` emits x86
+    /// code with aarch64 register numbers; `xmm17` encodes as `xmm1`; `sp =
+    /// 40` on aarch64 as x8).
+    fn check_encoder(&self) -> Result<(), SpecError> {
+        let name = &self.raw.arch.name;
+        let Some((_, bfile, btext)) = BUILTIN.iter().find(|b| b.0 == name.as_str()) else {
+            return Err(self.err(
+                "arch.name",
+                format!("`{name}` is not an architecture this build has an encoder for (known: {})", BUILTIN.iter().map(|b| b.0).collect::<Vec<_>>().join(", ")),
+            ));
+        };
+        if *btext == self.text {
+            return Ok(());
+        }
+        let builtin: RawSpec = toml::from_str(btext)
+            .map_err(|e| self.err("arch.name", format!("the built-in spec {bfile} does not parse: {}", e.message())))?;
+        let why = format!("arch.name = \"{name}\" selects the {name} encoder, which uses the registers of {bfile}");
+        let (m, bm) = (self.raw.arch.elf_machine, builtin.arch.elf_machine);
+        if m != bm {
+            return Err(self.err("arch.elf_machine", format!("{m} is not the ELF machine of {name} ({bm}): {why}; is arch.name right?")));
+        }
+        let (regs, b) = (&self.raw.registers, &builtin.registers);
+        for (field, list, blist) in [("registers.gpr", &regs.gpr, &b.gpr), ("registers.vector", &regs.vector, &b.vector)] {
+            if let Some(i) = (0..list.len().min(blist.len())).find(|&i| list[i] != blist[i]) {
+                return Err(self.err(field, format!("register {i} is `{}`, but register {i} of {name} is `{}`: {why}", list[i], blist[i])));
+            }
+            if list.len() != blist.len() {
+                return Err(self.err(
+                    field,
+                    format!("lists {} registers, {name} has {} ({} … {}): {why}", list.len(), blist.len(), blist[0], blist[blist.len() - 1]),
+                ));
+            }
+        }
+        if regs.special != b.special {
+            let show = |m: &BTreeMap<String, u8>| m.iter().map(|(n, e)| format!("{n} = {e}")).collect::<Vec<_>>().join(", ");
+            return Err(self.err("registers.special", format!("{{ {} }} is not {name}'s {{ {} }}: {why}", show(&regs.special), show(&b.special))));
+        }
+        Ok(())
+    }
+
     fn check(&self, raw: RawSpec) -> Result<Spec, SpecError> {
+        self.check_encoder()?;
         let regs = &raw.registers;
         if regs.gpr.is_empty() || regs.gpr.len() > 64 {
             return Err(self.err("registers.gpr", "needs 1 to 64 registers"));
@@ -539,6 +606,10 @@ impl Checker<'_> {
         let fp_ret = self.list("abi.fp_ret", &a.fp_ret, Some(RegClass::Vector))?;
         let entry_live = self.list("abi.entry_live", &a.entry_live, Some(RegClass::Gpr))?;
         let callee_saved = self.list("abi.callee_saved", &a.callee_saved, None)?;
+        let callee_saved_args = self.list("abi.callee_saved_args", &a.callee_saved_args, Some(RegClass::Gpr))?;
+        if let Some(r) = callee_saved_args.iter().find(|r| !int_args.contains(r)) {
+            return Err(self.err("abi.callee_saved_args", format!("`{}` is not an argument register (abi.int_args)", regs.gpr[r.enc as usize])));
+        }
         if int_args.len() < 4 {
             return Err(self.err("abi.int_args", "at least 4 integer argument registers are needed for the tracer call"));
         }
@@ -595,6 +666,32 @@ impl Checker<'_> {
                 }
             }
         }
+        if let Some(r) = resume_via {
+            let n = &regs.gpr[r.enc as usize];
+            let why = if int_args.contains(&r) {
+                Some("is an argument register (abi.int_args)")
+            } else if int_ret.contains(&r) {
+                Some("is a return-value register (abi.int_ret)")
+            } else if entry_live.contains(&r) {
+                Some("carries a value at entry (abi.entry_live)")
+            } else if callee_saved.contains(&r) || r == fp {
+                Some("is callee-saved (abi.callee_saved)")
+            } else if r == sp {
+                Some("is the stack pointer")
+            } else if Some(r) == toc {
+                Some("is the TOC register (abi.toc_register)")
+            } else if resume_return_address.contains(&r) {
+                Some("gets the return address when resuming (site.resume_return_address)")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(self.err(
+                    "site.resume_via",
+                    format!("`{n}` {why}: the trampoline overwrites it with the resume address, so the traced function would see it changed"),
+                ));
+            }
+        }
         if s.stub && site_return != Location::Stack(0) {
             return Err(self.err("site.stub", "needs site_return = \"stack\" (the stub pushes the address after the site)"));
         }
@@ -616,6 +713,22 @@ impl Checker<'_> {
             if int_args.contains(r) || entry_live.contains(r) || int_ret.contains(r) || callee_saved.contains(r) || *r == sp {
                 return Err(self.err("trampoline.scratch", format!("`{name}` carries a value at entry or return, or is callee-saved")));
             }
+            // The site leaves these two addresses in registers for the
+            // trampoline to save; a scratch use before that loses them.
+            let held = if site_return == Location::Reg(*r) {
+                Some("the address after the site (site.site_return)")
+            } else if parent == Location::Reg(*r) {
+                Some("the traced function's return address (site.parent)")
+            } else if Some(*r) == lr {
+                Some("a return address (abi.link_register)")
+            } else if Some(*r) == toc {
+                Some("the TOC pointer (abi.toc_register)")
+            } else {
+                None
+            };
+            if let Some(held) = held {
+                return Err(self.err("trampoline.scratch", format!("`{name}` holds {held} at entry, so it cannot be a scratch register")));
+            }
         }
         if int_ret.contains(&return_via) || callee_saved.contains(&return_via) {
             return Err(self.err("trampoline.return_via", "must not be a return-value or callee-saved register"));
@@ -627,12 +740,17 @@ impl Checker<'_> {
                 if fp_args.contains(&r) || fp_ret.contains(&r) || callee_saved.contains(&r) {
                     return Err(self.err("trampoline.vector_scratch", format!("`{n}` carries a value at entry or return, or is callee-saved")));
                 }
+                // Only the upper-bits restore uses it: elsewhere it would be
+                // a setting that does nothing.
+                if regs.vector_upper_bytes == 0 {
+                    return Err(self.err("trampoline.vector_scratch", format!("`{n}` is set, but only used with registers.vector_upper_bytes, which is 0")));
+                }
                 Some(r)
             }
         };
 
-        let ftrace_regs = self.slots("ftrace_regs.slots", &raw.ftrace_regs.slots)?;
-        let pt_regs = self.slots("pt_regs.slots", &raw.pt_regs.slots)?;
+        let ftrace_regs = self.slots("ftrace_regs.slots", &raw.ftrace_regs.slots, sp)?;
+        let pt_regs = self.slots("pt_regs.slots", &raw.pt_regs.slots, sp)?;
         for s in &pt_regs {
             if ftrace_regs.contains(s) {
                 return Err(self.err("pt_regs.slots", "a slot of pt_regs repeats one of ftrace_regs"));
@@ -687,6 +805,7 @@ impl Checker<'_> {
             fp_ret,
             entry_live,
             callee_saved,
+            callee_saved_args,
             sp,
             fp,
             lr,

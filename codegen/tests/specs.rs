@@ -146,3 +146,88 @@ fn a_hardwired_zero_register_is_never_saved() {
     let e = Spec::parse(file, &text.replacen("zero = \"zero\"", "zero = \"ft0\"", 1)).unwrap_err().to_string();
     assert!(e.contains("registers.zero"), "{e}");
 }
+
+/// The error a built-in spec of `arch` gets after `edit`.
+fn broken_arch(arch: &str, edit: impl Fn(&str) -> String) -> String {
+    let (_, file, text) = BUILTIN.iter().find(|b| b.0 == arch).expect("built-in spec");
+    let edited = edit(text);
+    assert_ne!(&edited, text, "the edit must change the spec");
+    Spec::parse(file, &edited).expect_err("a broken spec must be rejected").to_string()
+}
+
+#[test]
+fn a_resume_register_that_carries_a_value_is_rejected() {
+    // x0 is an argument: resuming through it hands the traced function
+    // the resume address as its first argument.
+    let e = broken_arch("aarch64", |t| t.replacen("resume_via = \"x9\"", "resume_via = \"x0\"", 1));
+    assert!(e.contains("aarch64.toml") && e.contains("site.resume_via") && e.contains("`x0`") && e.contains("argument"), "{e}");
+    // x30 gets the return address when resuming.
+    let e = broken_arch("aarch64", |t| t.replacen("resume_via = \"x9\"", "resume_via = \"x30\"", 1));
+    assert!(e.contains("site.resume_via") && e.contains("`x30`") && e.contains("resume_return_address"), "{e}");
+    let e = broken_arch("riscv64", |t| t.replacen("resume_via = \"t0\"", "resume_via = \"s1\"", 1));
+    assert!(e.contains("site.resume_via") && e.contains("`s1`") && e.contains("callee-saved"), "{e}");
+}
+
+#[test]
+fn a_scratch_register_that_holds_an_address_at_entry_is_rejected() {
+    // aarch64: the site's `mov x9, x30` leaves the parent in x9.
+    let e = broken_arch("aarch64", |t| t.replacen("scratch = [\"x10\", \"x11\"]", "scratch = [\"x9\", \"x11\"]", 1));
+    assert!(e.contains("aarch64.toml") && e.contains("trampoline.scratch") && e.contains("`x9`") && e.contains("site.parent"), "{e}");
+    // riscv64: the site's `jal t0, …` leaves the address after it in t0.
+    let e = broken_arch("riscv64", |t| t.replacen("scratch = [\"t1\"]", "scratch = [\"t0\"]", 1));
+    assert!(e.contains("trampoline.scratch") && e.contains("`t0`") && e.contains("site.site_return"), "{e}");
+}
+
+#[test]
+fn a_special_register_number_the_encoder_does_not_have_is_rejected() {
+    let e = broken_arch("aarch64", |t| t.replacen("special = { sp = 31 }", "special = { sp = 40 }", 1));
+    assert!(e.contains("aarch64.toml") && e.contains("registers.special") && e.contains("sp = 40") && e.contains("sp = 31"), "{e}");
+}
+
+#[test]
+fn an_arch_name_that_does_not_go_with_the_registers_is_rejected() {
+    // The ELF machine gives it away first…
+    let e = broken_arch("aarch64", |t| t.replacen("name = \"aarch64\"", "name = \"x86_64\"", 1));
+    assert!(e.contains("aarch64.toml") && e.contains("arch.elf_machine") && e.contains("183") && e.contains("arch.name"), "{e}");
+    let e = broken_arch("x86_64", |t| t.replacen("name = \"x86_64\"", "name = \"aarch64\"", 1));
+    assert!(e.contains("x86_64.toml") && e.contains("arch.elf_machine") && e.contains("62"), "{e}");
+    // …and the register numbering when that is changed too.
+    let e = broken_arch("aarch64", |t| t.replacen("name = \"aarch64\"", "name = \"x86_64\"", 1).replacen("elf_machine = 183", "elf_machine = 62", 1));
+    assert!(e.contains("registers.gpr") && e.contains("`x0`") && e.contains("`rax`"), "{e}");
+    // A name without an encoder.
+    let e = broken_arch("aarch64", |t| t.replacen("name = \"aarch64\"", "name = \"arm64\"", 1));
+    assert!(e.contains("arch.name") && e.contains("arm64") && e.contains("aarch64"), "{e}");
+}
+
+#[test]
+fn a_vector_register_the_encoder_does_not_have_is_rejected() {
+    // SSE/VEX encode 16 vector registers: xmm17 would be emitted as xmm1,
+    // an argument register.
+    let e = broken_arch("x86_64", |t| {
+        t.replacen("\"xmm14\", \"xmm15\"]", "\"xmm14\", \"xmm15\", \"xmm16\", \"xmm17\"]", 1).replacen("vector_scratch = \"xmm15\"", "vector_scratch = \"xmm17\"", 1)
+    });
+    assert!(e.contains("x86_64.toml") && e.contains("registers.vector") && e.contains("18") && e.contains("16"), "{e}");
+}
+
+#[test]
+fn a_vector_scratch_nothing_uses_is_rejected() {
+    let e = broken_arch("x86_64", |t| t.replacen("vector_upper_bytes = 16", "vector_upper_bytes = 0", 1).replacen("vector_wider_bytes = 32", "vector_wider_bytes = 0", 1));
+    assert!(e.contains("trampoline.vector_scratch") && e.contains("xmm15") && e.contains("vector_upper_bytes"), "{e}");
+}
+
+#[test]
+fn the_stack_pointer_as_a_slot_is_rejected() {
+    let e = broken(|t| t.replacen("slots = [\"rbx\",", "slots = [\"rsp\", \"rbx\",", 1));
+    assert!(e.contains("x86_64.toml") && e.contains("pt_regs.slots") && e.contains("`rsp`") && e.contains("stack pointer"), "{e}");
+    let e = broken_arch("s390x", |t| t.replacen("slots = [\"r0\",", "slots = [\"r15\", \"r0\",", 1));
+    assert!(e.contains("s390x.toml") && e.contains("pt_regs.slots") && e.contains("`r15`") && e.contains("stack pointer"), "{e}");
+}
+
+#[test]
+fn a_callee_saved_argument_must_be_an_argument() {
+    let e = broken_arch("s390x", |t| t.replacen("callee_saved_args = [\"r6\"]", "callee_saved_args = [\"r7\"]", 1));
+    assert!(e.contains("s390x.toml") && e.contains("abi.callee_saved_args") && e.contains("`r7`"), "{e}");
+    let (_, file, text) = BUILTIN.iter().find(|b| b.0 == "s390x").unwrap();
+    let spec = Spec::parse(file, text).unwrap();
+    assert_eq!(spec.callee_saved_args.iter().map(|r| spec.reg_name(*r)).collect::<Vec<_>>(), ["r6"]);
+}

@@ -62,6 +62,11 @@ impl FtraceRegs {
         offsets().int_args.get(n).map(|o| self.read(*o))
     }
 
+    /// Sets the `n`-th integer argument register the traced function gets
+    /// (false past the last one).  On s390x argument 4 is `r6`, which the
+    /// ABI also makes callee-saved (spec `abi.callee_saved_args`): the
+    /// traced function restores the value it got, so setting it changes the
+    /// caller's `r6` after the call too.
     pub fn set_argument(&mut self, n: usize, v: u64) -> bool {
         match offsets().int_args.get(n) {
             Some(o) => {
