@@ -2,6 +2,16 @@
 //! `ftrace_regs` / `pt_regs` layouts printed from the same [`FrameLayout`]
 //! the trampolines use, with `_Static_assert`s pinning every offset, and the
 //! Linux-named accessors.
+//!
+//! The structs are declared with the alignment the trampolines guarantee for
+//! `fregs` ([`FrameLayout::fregs_align`]), not their members' natural one: on
+//! x86_64 and s390x that is 8, so a vector member gets `aligned(8)` and
+//! a C callback that dereferences it as an `__m128d` gets an unaligned load
+//! from the compiler rather than a fault (a header that said 16 let gcc
+//! fold `*(__m128d *)fregs->xmm0` into `addpd mem`, which faults on the
+//! 8-mod-16 `fregs` of a function entered on a 16-byte aligned stack).
+//! Where a member's smaller alignment would let the compiler pack it
+//! earlier than the trampolines' layout, explicit padding keeps the offsets.
 
 use crate::frame::{FrameLayout, Slot};
 use crate::spec::{RegClass, SlotKind, Spec};
@@ -11,13 +21,35 @@ fn member(spec: &Spec, s: &Slot) -> String {
     spec.slot_name(s.kind)
 }
 
-fn decl(spec: &Spec, s: &Slot) -> String {
+fn decl(spec: &Spec, s: &Slot, align: u32) -> String {
     match s.kind {
         SlotKind::Reg(r) if r.class == RegClass::Vector => {
-            format!("unsigned char {}[{}] __attribute__((aligned({})));", member(spec, s), s.size, s.size.min(16))
+            format!("unsigned char {}[{}] __attribute__((aligned({})));", member(spec, s), s.size, s.size.min(16).min(align))
         }
         _ => format!("unsigned long {};", member(spec, s)),
     }
+}
+
+/// The members of `slots` from offset `at`, with a padding member before
+/// each slot (and before `end`) where C would place it earlier than the
+/// layout does: C puts a member at its offset rounded up to its declared
+/// alignment, which is smaller than the slot's when `align` is.
+fn members(w: &mut String, spec: &Spec, slots: &[Slot], mut at: u32, end: u32, align: u32) {
+    let pad = |w: &mut String, at: u32, to: u32, member_align: u32| {
+        if to > at.div_ceil(member_align) * member_align {
+            let _ = writeln!(w, "\t{:<50} /* {:>4} */", format!("unsigned char ftramp_pad{at}[{}];", to - at), at);
+        }
+    };
+    for s in slots {
+        let member_align = match s.kind {
+            SlotKind::Reg(r) if r.class == RegClass::Vector => s.size.min(16).min(align),
+            _ => 8,
+        };
+        pad(w, at, s.offset, member_align);
+        let _ = writeln!(w, "\t{:<50} /* {:>4} */", decl(spec, s, align), s.offset);
+        at = s.offset + s.size;
+    }
+    pad(w, at, end, align);
 }
 
 /// The header text for `spec`.
@@ -33,17 +65,21 @@ pub fn header(spec: &Spec, prefix: &str) -> String {
     let _ = writeln!(w, "#error \"this header describes {}\"\n#endif\n", spec.name);
     let _ = writeln!(w, "/* What the `args` tier saves.  `ip` is where execution resumes after the callback,");
     let _ = writeln!(w, "   `return_address` where the traced function returns, `sp` its stack pointer at entry. */");
+    let a = l.fregs_align;
+    let _ = writeln!(w, "/* The trampolines align `fregs` to FTRACE_REGS_ALIGN bytes and no more{}. */", if a < 16 {
+        ": read a vector member with\n   an unaligned load (memcpy, _mm_loadu_pd), not through a pointer to a 16-byte vector type"
+    } else {
+        ""
+    });
+    let _ = writeln!(w, "#define FTRACE_REGS_ALIGN {a}\n");
     let _ = writeln!(w, "struct ftrace_regs {{");
-    for s in l.fregs_slots() {
-        let _ = writeln!(w, "\t{:<50} /* {:>4} */", decl(spec, s), s.offset);
-    }
-    let _ = writeln!(w, "}} __attribute__((aligned(16)));\n");
+    members(w, spec, l.fregs_slots(), 0, l.fregs_size, a);
+    let _ = writeln!(w, "}} __attribute__((aligned({a})));\n");
     let _ = writeln!(w, "/* What the `regs` tier saves: ftrace_regs, then every other general-purpose register. */");
     let _ = writeln!(w, "struct pt_regs {{\n\tstruct ftrace_regs fregs;");
-    for s in &l.slots[l.fregs_count..] {
-        let _ = writeln!(w, "\t{:<50} /* {:>4} */", decl(spec, s), s.offset);
-    }
-    let _ = writeln!(w, "}} __attribute__((aligned(16)));\n");
+    members(w, spec, &l.slots[l.fregs_count..], l.fregs_size, l.pt_regs_size, a);
+    let _ = writeln!(w, "}} __attribute__((aligned({a})));\n");
+    let _ = writeln!(w, "_Static_assert(__alignof__(struct ftrace_regs) == FTRACE_REGS_ALIGN, \"ftrace_regs alignment\");");
     let _ = writeln!(w, "_Static_assert(sizeof(struct ftrace_regs) == {}, \"ftrace_regs size\");", l.fregs_size);
     let _ = writeln!(w, "_Static_assert(sizeof(struct pt_regs) == {}, \"pt_regs size\");", l.pt_regs_size);
     for s in l.fregs_slots() {
