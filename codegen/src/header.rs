@@ -140,7 +140,7 @@ pub fn header(spec: &Spec, prefix: &str) -> String {
     let _ = writeln!(w, "#define FTRACE_SITE_NOP {{ {nop} }}");
     let _ = writeln!(w, "/* ip passed to callbacks = address after the site + FTRACE_IP_OFFSET */");
     let _ = writeln!(w, "#define FTRACE_IP_OFFSET ({})", spec.raw.site.ip_offset);
-    let _ = writeln!(w, "/* callsite dispatch: the ops pointer is at ip + FTRACE_CALLSITE_OPS_OFFSET; its first word is the callback */");
+    let _ = writeln!(w, "/* callsite dispatch: the ops pointer is at ip + FTRACE_CALLSITE_OPS_OFFSET; its first word is the callback.\n   Only with the callsite flags above: a landing pad (endbr64, bti c) before the site would be there instead. */");
     let _ = writeln!(w, "#define FTRACE_CALLSITE_OPS_OFFSET ({})\n", spec.raw.site.callsite_ops_offset);
     let _ = writeln!(w, "/* The object's interface (`ftramp gen -o FILE.o`). */");
     let _ = writeln!(w, "extern struct ftrace_ops *{prefix}function_trace_op;");
