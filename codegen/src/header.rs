@@ -5,11 +5,12 @@
 //!
 //! The structs are declared with the alignment the trampolines guarantee for
 //! `fregs` ([`FrameLayout::fregs_align`]), not their members' natural one: on
-//! x86_64 and s390x that is 8, so a vector member gets `aligned(8)` and
-//! a C callback that dereferences it as an `__m128d` gets an unaligned load
-//! from the compiler rather than a fault (a header that said 16 let gcc
-//! fold `*(__m128d *)fregs->xmm0` into `addpd mem`, which faults on the
-//! 8-mod-16 `fregs` of a function entered on a 16-byte aligned stack).
+//! x86_64 and s390x that is 8, so a vector member gets `aligned(8)` and the
+//! header tells callbacks to read it with an unaligned load (`memcpy`,
+//! `_mm_loadu_pd`).  A header that promised 16 made
+//! `*(__m128d *)fregs->xmm0` look right, and gcc folded it into
+//! `addpd mem`, which faults on the 8-mod-16 `fregs` of a function entered
+//! on a 16-byte aligned stack.
 //! Where a member's smaller alignment would let the compiler pack it
 //! earlier than the trampolines' layout, explicit padding keeps the offsets.
 
