@@ -20,6 +20,21 @@
 //!   | call_reserve       |   area the ABI lets a callee use (s390x, ppc64)
 //!   +--------------------+ sp
 //! ```
+//!
+//! The frame sizes are multiples of 16, so `struct ftrace_regs` has the
+//! alignment of the stack pointer the trampoline was entered with, and no
+//! more: [`FrameLayout::fregs_align`].  That is 16 bytes where the ABI keeps
+//! sp 16-byte aligned at every call and the compilers follow it (aarch64,
+//! riscv64, ppc64le), but 8 on s390x (the ABI keeps 8) and on x86_64, where
+//! gcc's `-fipa-stack-alignment` enters a same-file function on a stack
+//! that is 16-byte aligned, not 8 mod 16.  On x86_64 the `args` tier could
+//! not move its struct anyway: `ip` and `return_address` *are* the stack's
+//! return-address slots (`stack_aliased_ip`), so the struct sits where the
+//! entry sp puts it.  Aligning it would mean copying those two words in and
+//! out behind a test of sp on every call (more than the 5 instructions that
+//! realigning only the callbacks' stack costs, `trampoline.realign_sp`), so
+//! the header declares the alignment that holds instead of 16, and vector
+//! members must be read with unaligned loads there.
 
 use crate::spec::{Location, SlotKind, Spec};
 
@@ -65,6 +80,11 @@ pub struct FrameLayout {
     /// so the two members overlay the two stack slots: nothing is copied in
     /// or written back, and a tracer's change lands where `ret` reads it.
     pub stack_aliased_ip: Option<u32>,
+    /// The alignment every trampoline guarantees for the `fregs` pointer
+    /// (see the module docs): the stack alignment the traced function was
+    /// entered with, 8 where that may be off by 8 (`trampoline.realign_sp`),
+    /// at most 16.  The C header declares the structs with exactly this.
+    pub fregs_align: u32,
 }
 
 fn align(n: u32, a: u32) -> u32 {
@@ -108,8 +128,10 @@ impl FrameLayout {
             }
             _ => None,
         };
+        let fregs_align = if spec.raw.trampoline.realign_sp { 8 } else { spec.stack_alignment.min(16) };
         FrameLayout {
             stack_aliased_ip,
+            fregs_align,
             slots,
             fregs_count: spec.ftrace_regs.len(),
             fregs_size,

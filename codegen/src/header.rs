@@ -8,6 +8,17 @@
 //! declares exactly the symbols an object of the same variants defines, so
 //! a program that compiles against it links; [`header`] declares those of
 //! the default object plus the direct and callsite ones, as it always has.
+//!
+//! The structs are declared with the alignment the trampolines guarantee for
+//! `fregs` ([`FrameLayout::fregs_align`]), not their members' natural one: on
+//! x86_64 and s390x that is 8, so a vector member gets `aligned(8)` and the
+//! header tells callbacks to read it with an unaligned load (`memcpy`,
+//! `_mm_loadu_pd`).  A header that promised 16 made
+//! `*(__m128d *)fregs->xmm0` look right, and gcc folded it into
+//! `addpd mem`, which faults on the 8-mod-16 `fregs` of a function entered
+//! on a 16-byte aligned stack.
+//! Where a member's smaller alignment would let the compiler pack it
+//! earlier than the trampolines' layout, explicit padding keeps the offsets.
 
 use crate::frame::{FrameLayout, Slot};
 use crate::image::Image;
@@ -35,13 +46,35 @@ fn member(spec: &Spec, s: &Slot) -> String {
     spec.slot_name(s.kind)
 }
 
-fn decl(spec: &Spec, s: &Slot) -> String {
+fn decl(spec: &Spec, s: &Slot, align: u32) -> String {
     match s.kind {
         SlotKind::Reg(r) if r.class == RegClass::Vector => {
-            format!("unsigned char {}[{}] __attribute__((aligned({})));", member(spec, s), s.size, s.size.min(16))
+            format!("unsigned char {}[{}] __attribute__((aligned({})));", member(spec, s), s.size, s.size.min(16).min(align))
         }
         _ => format!("unsigned long {};", member(spec, s)),
     }
+}
+
+/// The members of `slots` from offset `at`, with a padding member before
+/// each slot (and before `end`) where C would place it earlier than the
+/// layout does: C puts a member at its offset rounded up to its declared
+/// alignment, which is smaller than the slot's when `align` is.
+fn members(w: &mut String, spec: &Spec, slots: &[Slot], mut at: u32, end: u32, align: u32) {
+    let pad = |w: &mut String, at: u32, to: u32, member_align: u32| {
+        if to > at.div_ceil(member_align) * member_align {
+            let _ = writeln!(w, "\t{:<50} /* {:>4} */", format!("unsigned char ftramp_pad{at}[{}];", to - at), at);
+        }
+    };
+    for s in slots {
+        let member_align = match s.kind {
+            SlotKind::Reg(r) if r.class == RegClass::Vector => s.size.min(16).min(align),
+            _ => 8,
+        };
+        pad(w, at, s.offset, member_align);
+        let _ = writeln!(w, "\t{:<50} /* {:>4} */", decl(spec, s, align), s.offset);
+        at = s.offset + s.size;
+    }
+    pad(w, at, end, align);
 }
 
 /// The header text for `spec`, declaring the symbols of the default object
@@ -80,17 +113,21 @@ fn render(spec: &Spec, prefix: &str, image: Option<&Image>) -> String {
     let _ = writeln!(w, "#define FTRAMP_STATIC_ASSERT(e, m) _Static_assert(e, m)\n#endif\n");
     let _ = writeln!(w, "/* What the `args` tier saves.  `ip` is where execution resumes after the callback,");
     let _ = writeln!(w, "   `return_address` where the traced function returns, `sp` its stack pointer at entry. */");
+    let a = l.fregs_align;
+    let _ = writeln!(w, "/* The trampolines align `fregs` to FTRACE_REGS_ALIGN bytes and no more{}. */", if a < 16 {
+        ": read a vector member with\n   an unaligned load (memcpy, _mm_loadu_pd), not through a pointer to a 16-byte vector type"
+    } else {
+        ""
+    });
+    let _ = writeln!(w, "#define FTRACE_REGS_ALIGN {a}\n");
     let _ = writeln!(w, "struct ftrace_regs {{");
-    for s in l.fregs_slots() {
-        let _ = writeln!(w, "\t{:<50} /* {:>4} */", decl(spec, s), s.offset);
-    }
-    let _ = writeln!(w, "}} __attribute__((aligned(16)));\n");
+    members(w, spec, l.fregs_slots(), 0, l.fregs_size, a);
+    let _ = writeln!(w, "}} __attribute__((aligned({a})));\n");
     let _ = writeln!(w, "/* What the `regs` tier saves: ftrace_regs, then every other general-purpose register. */");
     let _ = writeln!(w, "struct pt_regs {{\n\tstruct ftrace_regs fregs;");
-    for s in &l.slots[l.fregs_count..] {
-        let _ = writeln!(w, "\t{:<50} /* {:>4} */", decl(spec, s), s.offset);
-    }
-    let _ = writeln!(w, "}} __attribute__((aligned(16)));\n");
+    members(w, spec, &l.slots[l.fregs_count..], l.fregs_size, l.pt_regs_size, a);
+    let _ = writeln!(w, "}} __attribute__((aligned({a})));\n");
+    let _ = writeln!(w, "FTRAMP_STATIC_ASSERT(__alignof__(struct ftrace_regs) == FTRACE_REGS_ALIGN, \"ftrace_regs alignment\");");
     let _ = writeln!(w, "FTRAMP_STATIC_ASSERT(sizeof(struct ftrace_regs) == {}, \"ftrace_regs size\");", l.fregs_size);
     let _ = writeln!(w, "FTRAMP_STATIC_ASSERT(sizeof(struct pt_regs) == {}, \"pt_regs size\");", l.pt_regs_size);
     for s in l.fregs_slots() {
@@ -165,7 +202,7 @@ fn render(spec: &Spec, prefix: &str, image: Option<&Image>) -> String {
     let _ = writeln!(w, "#define FTRACE_SITE_NOPS {{ {all} }}");
     let _ = writeln!(w, "/* ip passed to callbacks = address after the site + FTRACE_IP_OFFSET */");
     let _ = writeln!(w, "#define FTRACE_IP_OFFSET ({})", spec.raw.site.ip_offset);
-    let _ = writeln!(w, "/* callsite dispatch: the ops pointer is at ip + FTRACE_CALLSITE_OPS_OFFSET; its first word is the callback */");
+    let _ = writeln!(w, "/* callsite dispatch: the ops pointer is at ip + FTRACE_CALLSITE_OPS_OFFSET; its first word is the callback.\n   Only with the callsite flags above: a landing pad (endbr64, bti c) before the site would be there instead. */");
     let _ = writeln!(w, "#define FTRACE_CALLSITE_OPS_OFFSET ({})\n", spec.raw.site.callsite_ops_offset);
     let _ = writeln!(w, "/* The functions the program provides to the object. */");
     let _ = writeln!(w, "void ftrace_ops_list_func(unsigned long ip, unsigned long parent_ip, struct ftrace_ops *op, struct ftrace_regs *fregs);");

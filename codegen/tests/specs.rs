@@ -37,6 +37,48 @@ fn layouts_do_not_overlap_and_are_aligned() {
     });
 }
 
+/// `fregs` lies a multiple of 16 bytes below the sp every trampoline was
+/// entered with, so it is exactly as aligned as that sp: 16 bytes only
+/// where the ABI and the compilers keep sp so at every call.  The header
+/// must not declare more: it said `aligned(16)` on x86_64 (where gcc's
+/// `-fipa-stack-alignment` enters functions 8 bytes off) and s390x (8-byte
+/// ABI), and gcc then folded a callback's `*(__m128d *)fregs->xmm0` into
+/// an aligned `addpd` that faulted.
+#[test]
+fn the_header_declares_no_more_alignment_than_fregs_has() {
+    use ftramp_codegen::program::{fp_stack_area, frame_size_with, upper_area};
+    use ftramp_codegen::{GenOptions, Variant};
+    each_spec(|spec| {
+        let l = FrameLayout::new(spec);
+        let opts = [
+            GenOptions::default(),
+            GenOptions { vector_upper: true, ..Default::default() },
+            GenOptions { vector_upper: true, vector_wider: true, ..Default::default() },
+        ];
+        for v in Variant::ALL.iter().copied().chain((1..=Variant::MULTI_MAX).map(|n| Variant::Entry { tier: Tier::Regs, dispatch: ftramp_codegen::Dispatch::Multi(n) })) {
+            for o in opts {
+                let below = upper_area(spec, &l, v, o) + fp_stack_area(spec, v) + l.fregs_base();
+                assert_eq!((frame_size_with(spec, &l, v, o) % 16, below % 16), (0, 0), "{}: {v}: fregs is 16n below the entry sp", spec.name);
+            }
+        }
+        let entry_sp_align = if spec.raw.trampoline.realign_sp { 8 } else { spec.stack_alignment.min(16) };
+        assert_eq!(l.fregs_align, entry_sp_align, "{}", spec.name);
+        let want = match spec.name.as_str() {
+            "x86_64" | "s390x" => 8,
+            _ => 16,
+        };
+        assert_eq!(l.fregs_align, want, "{}", spec.name);
+        let h = ftramp_codegen::header::header(spec, "");
+        let declared: Vec<u32> = h.match_indices("aligned(").map(|(i, _)| h[i + 8..].split(')').next().unwrap().parse().unwrap()).collect();
+        assert!(!declared.is_empty());
+        for n in declared {
+            assert!(n <= l.fregs_align, "{}: the header declares aligned({n}), fregs is only {}-byte aligned", spec.name, l.fregs_align);
+        }
+        assert!(h.contains(&format!("}} __attribute__((aligned({want})));")), "{}", spec.name);
+        assert!(h.contains(&format!("#define FTRACE_REGS_ALIGN {want}\n")), "{}", spec.name);
+    });
+}
+
 #[test]
 fn registers_named_by_the_abi_exist_and_have_slots() {
     each_spec(|spec| {

@@ -47,8 +47,9 @@ pub struct FtraceRegs {
 impl FtraceRegs {
     fn read(&self, off: usize) -> u64 {
         // SAFETY: `self` points at a struct ftrace_regs laid out by
-        // FrameLayout (the trampoline allocated fregs_size bytes, 16-byte
-        // aligned) and every offset used here comes from that layout.
+        // FrameLayout (the trampoline allocated fregs_size bytes, aligned to
+        // FrameLayout::fregs_align >= 8) and every offset used here comes
+        // from that layout, a multiple of 8.
         unsafe { ((self as *const Self as *const u8).add(off) as *const u64).read() }
     }
 

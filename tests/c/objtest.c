@@ -75,6 +75,8 @@ static int passed, failed;
 /* ---- the tracer ---------------------------------------------------- */
 
 static unsigned long seen_ip, seen_parent, seen_resume, seen_calls;
+/* The fregs pointers the tracer and the return handler got. */
+static unsigned long seen_fregs, seen_ret_fregs;
 static struct ftrace_ops *seen_op;
 static unsigned long seen_args[16];
 static double seen_fp[2];
@@ -96,6 +98,7 @@ static void tracer(unsigned long ip, unsigned long parent, struct ftrace_ops *op
 	seen_ip = ip;
 	seen_parent = parent;
 	seen_op = op;
+	seen_fregs = (unsigned long)fregs;
 	seen_resume = ftrace_regs_get_instruction_pointer(fregs);
 	for (unsigned int n = 0; n < FTRACE_REGS_NR_ARGS && n < 16; n++)
 		seen_args[n] = ftrace_regs_get_argument(fregs, n);
@@ -122,6 +125,7 @@ void ftrace_ops_list_func(unsigned long ip, unsigned long parent_ip, struct ftra
 unsigned long ftrace_return_to_handler(struct ftrace_regs *fregs)
 {
 	ARCH_CLOBBER_FP_STACK();
+	seen_ret_fregs = (unsigned long)fregs;
 	if (nrets < 64) {
 		rets[nrets] = ftrace_regs_get_return_value(fregs);
 		fprets[nrets] = ftrace_regs_get_fp_return_value(fregs);
@@ -188,6 +192,7 @@ static void disable(unsigned long site)
 static void reset(void)
 {
 	seen_ip = seen_parent = seen_resume = seen_calls = 0;
+	seen_fregs = seen_ret_fregs = 0;
 	seen_op = 0;
 	memset(seen_args, 0, sizeof(seen_args));
 	redirect_to = 0;
@@ -244,6 +249,7 @@ static void check_entry(const struct entry *e)
 	CHECK(seen_ip == site, "%s: ip %lx site %lx", e->name, seen_ip, site);
 	CHECK(seen_resume == site + FTRACE_SITE_SIZE, "%s: resume %lx", e->name, seen_resume);
 	CHECK(seen_op == &test_ops, "%s: op %p", e->name, (void *)seen_op);
+	CHECK(seen_fregs % __alignof__(struct ftrace_regs) == 0, "%s: fregs %lx", e->name, seen_fregs);
 	if (e->callsite) {
 		CHECK(seen_args[0] == 6 && seen_args[1] == (unsigned long)-4, "%s: args", e->name);
 	} else {
@@ -354,6 +360,35 @@ static void check_alignment(const char *name, void *tramp, int callsite)
 	CHECK(arch_probe_sp % 16 == arch_sp_mod(), "%s: callback sp %lx misaligned", name, arch_probe_sp);
 }
 
+#ifdef ARCH_CALL_MISALIGNED
+long arch_call_misaligned(void *fn, long a, long b);
+
+/* fregs, in the entry trampoline's callback and in return_to_handler's, has
+ * the alignment the header declares (FTRACE_REGS_ALIGN) also when the traced
+ * function was entered on a stack that is 8 mod 16: x86_64 after gcc's
+ * -fipa-stack-alignment (the header said 16, and a callback that read
+ * `*(__m128d *)fregs->xmm0` faulted), s390x whenever the caller's frame is
+ * (its ABI keeps 8 bytes). */
+static void check_fregs_alignment(const struct entry *e)
+{
+	void *fn = e->callsite ? (void *)tracee_callsite : (void *)tracee_two;
+	unsigned long align = __alignof__(struct ftrace_regs);
+
+	reset();
+	hijack = 1;
+	unsigned long site = enable(fn, e->tramp);
+	long r = arch_call_misaligned(fn, 3, 4);
+	disable(site);
+	CHECK(r == (e->callsite ? 25 : 3004) && seen_calls == 1 && nrets == 1, "%s: misaligned entry: %ld, %lu calls, %d returns",
+	      e->name, r, seen_calls, nrets);
+	CHECK(align == FTRACE_REGS_ALIGN && seen_fregs % align == 0, "%s: misaligned entry: fregs %lx, header says aligned(%lu)",
+	      e->name, seen_fregs, align);
+	CHECK(seen_ret_fregs % align == 0, "return_to_handler after %s: misaligned entry: fregs %lx, header says aligned(%lu)",
+	      e->name, seen_ret_fregs, align);
+	reset();
+}
+#endif
+
 /* The C calling-convention cases (tracee_abi.c) return the untraced bytes
  * through each trampoline with the return hijacked, while the tracer and
  * the return handler scramble the caller-saved registers. */
@@ -399,6 +434,10 @@ int main(void)
 	for (unsigned int i = 0; i < sizeof(entries) / sizeof(entries[0]); i++)
 		if (!entries[i].callsite)
 			check_abi(&entries[i]);
+#ifdef ARCH_CALL_MISALIGNED
+	for (unsigned int i = 0; i < sizeof(entries) / sizeof(entries[0]); i++)
+		check_fregs_alignment(&entries[i]);
+#endif
 
 	/* Stack alignment in the callback, through direct and callsite dispatch. */
 	static struct ftrace_ops probe_ops = { arch_sp_probe, 2 };

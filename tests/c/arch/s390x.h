@@ -3,6 +3,9 @@
    with r15 16-byte aligned, and the trampoline frames are multiples of 16,
    so the callback must see a 16-byte aligned r15 too. */
 #define ARCH_SP_MOD 0
+/* arch_call_misaligned(fn, a, b) below: fn(a, b) entered with r15 = 8 mod 16,
+   as the psABI allows and gcc does whenever a caller's frame is. */
+#define ARCH_CALL_MISALIGNED 1
 
 #ifdef ARCH_HARNESS_ASM /* defined by harness.c only */
 __asm__(
@@ -14,6 +17,20 @@ __asm__(
 	"	larl %r1,arch_probe_calls\n	lg %r2,0(%r1)\n	aghi %r2,1\n	stg %r2,0(%r1)\n"
 	"	br %r14\n"
 	".size arch_sp_probe, .-arch_sp_probe\n"
+
+	/* r2 = fn, r3/r4 = its arguments.  Frame: the callee's 160-byte save
+	   area, the caller's sp at 160; r15 = 8 mod 16 at the call. */
+	".globl arch_call_misaligned\n"
+	".type arch_call_misaligned,@function\n"
+	"arch_call_misaligned:\n"
+	"	stmg %r14,%r15,112(%r15)\n"
+	"	lgr %r1,%r15\n	lay %r15,-192(%r15)\n	nill %r15,0xfff0\n	aghi %r15,-8\n"
+	"	stg %r1,160(%r15)\n"
+	"	lgr %r1,%r2\n	lgr %r2,%r3\n	lgr %r3,%r4\n"
+	"	basr %r14,%r1\n"
+	"	lg %r15,160(%r15)\n	lmg %r14,%r15,112(%r15)\n"
+	"	br %r14\n"
+	".size arch_call_misaligned, .-arch_call_misaligned\n"
 
 	/* r2 = fn, r3/r4 = its arguments, r5 = bad.  Frame: 160-byte save area
 	   for the callee, caller sp at 160, bad at 168, f8-f15 at 176..239. */

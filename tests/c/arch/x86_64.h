@@ -1,5 +1,7 @@
 /* x86_64 parts of the execution-test harness (see harness.c). */
 #define ARCH_SP_MOD 8 /* after `call`, rsp + 8 is 16-byte aligned */
+/* arch_call_misaligned(fn, a, b) below: fn(a, b) entered with rsp 16-byte aligned. */
+#define ARCH_CALL_MISALIGNED 1
 
 /* Eight x87 pushes and pops: a callee may use the whole register stack,
  * which the psABI has empty at every call. */
