@@ -53,7 +53,7 @@ fn check(arch: &str, cc: &str, pads: &str, nop: &[u8], opt: &str) {
         assert!(at >= 8, "{arch} {opt}: {name} at {at:#x}: no room before it");
         // The ops word: 8 bytes of the site's NOPs just before the symbol,
         // 8-byte aligned so that replacing it is one atomic store.
-        assert!(sec.align() >= 8 && (at - 8) % 8 == 0, "{arch} {opt}: {name}'s ops word at {:#x} is not 8-byte aligned ({flags})", at - 8);
+        assert!(sec.align() >= 8 && (at - 8).is_multiple_of(8), "{arch} {opt}: {name}'s ops word at {:#x} is not 8-byte aligned ({flags})", at - 8);
         assert!(data[at - 8..at].chunks(nop.len()).all(|c| c == nop), "{arch} {opt}: {name}: {:02x?} before it", &data[at - 8..at]);
         // The site at the symbol itself, no landing pad before it: then
         // ip + FTRACE_CALLSITE_OPS_OFFSET (ip - 8) is that word.
