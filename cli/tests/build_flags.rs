@@ -461,6 +461,24 @@ int main() {
 }
 "#;
 
+/// [`EXIT_THROWS`] built by g++ with `flags` in scratch directory `name`, and its
+/// untraced run (successful); `None` (skipped, said) without g++ outside CI.
+fn build_exit_throws(name: &str, flags: &[&str]) -> Option<(PathBuf, PathBuf, std::process::Output)> {
+    let cxx = "g++";
+    if !runs(cxx, &["--version"]) {
+        assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "CI needs g++");
+        eprintln!("skipped: needs g++");
+        return None;
+    }
+    let dir = scratch(name);
+    std::fs::write(dir.join("prog.cpp"), EXIT_THROWS).unwrap();
+    let exe = dir.join("prog");
+    compile(Command::new(cxx).arg("-O2").args(cflags_for(cxx)).args(flags).arg("-o").arg(&exe).arg(dir.join("prog.cpp")).arg("-pthread"));
+    let untraced = Command::new(&exe).output().unwrap();
+    assert!(untraced.status.success());
+    Some((dir, exe, untraced))
+}
+
 /// [`EXIT_THROWS`] behaves as untraced under function_graph, with the exact counts.
 /// Until the twenty-seventh session the unwinder hooks' per-thread state had a
 /// destructor: once the thread-local destructors had run, the hooks did nothing and each
@@ -468,18 +486,7 @@ int main() {
 /// in `posix_spawn` at `exit()` (its environment cache was a destroyed thread-local).
 #[test]
 fn exceptions_and_spawns_after_the_thread_local_destructors() {
-    let cxx = "g++";
-    if !runs(cxx, &["--version"]) {
-        assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "CI needs g++");
-        eprintln!("skipped: needs g++");
-        return;
-    }
-    let dir = scratch("exit-throws");
-    std::fs::write(dir.join("prog.cpp"), EXIT_THROWS).unwrap();
-    let exe = dir.join("prog");
-    compile(Command::new(cxx).arg("-O2").args(cflags_for(cxx)).arg("-o").arg(&exe).arg(dir.join("prog.cpp")).arg("-pthread"));
-    let untraced = Command::new(&exe).output().unwrap();
-    assert!(untraced.status.success());
+    let Some((dir, exe, untraced)) = build_exit_throws("exit-throws", &[]) else { return };
     let want = String::from_utf8_lossy(&untraced.stdout);
     assert!(want.contains("caught 8\n") && want.contains("spawned in a static destructor: 0"), "{want}");
     let out = check(&dir, &exe, &[], |n| n == "thrower");
@@ -494,18 +501,7 @@ fn exceptions_and_spawns_after_the_thread_local_destructors() {
 /// records them.
 #[test]
 fn a_program_with_its_own_unwinder_runs_as_untraced() {
-    let cxx = "g++";
-    if !runs(cxx, &["--version"]) {
-        assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "CI needs g++");
-        eprintln!("skipped: needs g++");
-        return;
-    }
-    let dir = scratch("own-unwinder");
-    std::fs::write(dir.join("prog.cpp"), EXIT_THROWS).unwrap();
-    let exe = dir.join("prog");
-    compile(Command::new(cxx).arg("-O2").args(cflags_for(cxx)).args(["-static-libstdc++", "-static-libgcc", "-o"]).arg(&exe).arg(dir.join("prog.cpp")).arg("-pthread"));
-    let untraced = Command::new(&exe).output().unwrap();
-    assert!(untraced.status.success());
+    let Some((dir, exe, untraced)) = build_exit_throws("own-unwinder", &["-static-libstdc++", "-static-libgcc"]) else { return };
     for tracer in ["function_graph", "function"] {
         let o = Command::new(env!("CARGO_BIN_EXE_ftramp"))
             .args(["record", "-q", "-t", tracer, "-o"])

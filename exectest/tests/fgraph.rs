@@ -312,15 +312,22 @@ extern "C" fn small_ret(r: &GraphRet, _g: &Fgraph, _f: &mut FtraceRegs) {
     }
 }
 
+/// A user of [`small_entry`]/[`small_ret`] on `tracee_nested`, registered, its
+/// counters cleared.
+fn small_user() -> Arc<Fgraph> {
+    SMALL.iter().for_each(|c| c.store(0, SeqCst));
+    let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_nested")));
+    fgraph::register_fgraph(u.clone()).unwrap();
+    u
+}
+
 /// A size whose byte count would overflow is clamped, and a thread then traces
 /// with it (until the twenty-seventh session 2^61 words made a one-page mapping
 /// that frames were written past: the thread died of a stack overflow).
 #[test]
 fn a_huge_shadow_stack_size_is_clamped() {
     let _l = lock();
-    SMALL.iter().for_each(|c| c.store(0, SeqCst));
-    let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_nested")));
-    fgraph::register_fgraph(u.clone()).unwrap();
+    let u = small_user();
     fgraph::set_stack_words(1 << 61);
     assert_eq!(fgraph::stack_words(), fgraph::MAX_STACK_WORDS);
     let (r, misses) = std::thread::spawn(|| (tracee_nested(40), fgraph::thread_misses())).join().unwrap();
@@ -334,9 +341,7 @@ fn a_huge_shadow_stack_size_is_clamped() {
 #[test]
 fn shadow_stack_overflow_counts_misses_and_results_stay_right() {
     let _l = lock();
-    SMALL.iter().for_each(|c| c.store(0, SeqCst));
-    let u = Arc::new(Fgraph::new(small_entry, small_ret).filter(Filter::new().symbol("tracee_nested")));
-    fgraph::register_fgraph(u.clone()).unwrap();
+    let u = small_user();
     let before = fgraph::misses();
     // A fresh thread gets a tiny stack: 64 words hold 9 frames of 7 words
     // (4 fixed, 8 bytes of data and its header, the frame header).

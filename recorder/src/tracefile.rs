@@ -474,15 +474,21 @@ mod tests {
             // exit handlers.
             unsafe { libc::_exit(fits as i32 | (past as i32) << 1 | (noted as i32) << 2 | (lines as i32) << 3) };
         }
-        let mut status = 0;
-        // SAFETY: (test) waiting for our child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(libc::WIFEXITED(status), "the child was killed (SIGXFSZ?): status {status:#x}");
-        assert_eq!(libc::WEXITSTATUS(status), 0b101, "written up to the limit, refused past it, the limit noted, not every line");
+        assert_eq!(exit_code_of(pid), 0b101, "written up to the limit, refused past it, the limit noted, not every line");
         let text = std::fs::read(&p).unwrap();
         assert_eq!(text.len(), 150, "nothing of the refused write, not even its first bytes; the lines that fit");
         assert!(text.ends_with(b"abcdefghi\nbcdefghij\n"), "{:?}", String::from_utf8_lossy(&text));
         let _ = std::fs::remove_file(&p);
+    }
+
+    /// The exit code of our child `pid`, once it has exited (not killed: a
+    /// write past the file-size limit would have killed it with SIGXFSZ).
+    fn exit_code_of(pid: libc::pid_t) -> i32 {
+        let mut status = 0;
+        // SAFETY: (test) waiting for our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the child was killed (SIGXFSZ?): status {status:#x}");
+        libc::WEXITSTATUS(status)
     }
 
     /// A chunk of `tid`/`seq` holding `entries` ENTRY events.
@@ -530,11 +536,7 @@ mod tests {
             // SAFETY: (test, child) leaving without the parent's exit handlers.
             unsafe { libc::_exit(ok as i32 | (refused as i32) << 1 | (then as i32) << 2 | (failed as i32) << 3) };
         }
-        let mut status = 0;
-        // SAFETY: (test) waiting for our child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(libc::WIFEXITED(status), "status {status:#x}");
-        assert_eq!(libc::WEXITSTATUS(status), 0b1111, "written, refused three times, written, 12 events failed");
+        assert_eq!(exit_code_of(pid), 0b1111, "written, refused three times, written, 12 events failed");
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(bytes.len(), first.len() + CHUNK_HEADER_SIZE + 8, "the first chunk and the last: nothing of the others");
         assert_eq!(&bytes[..first.len()], &first[..]);
