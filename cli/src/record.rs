@@ -493,7 +493,11 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         _ => 1,
     };
     let running = if still_recording { still_running(&dir, &preload, &inherited) } else { Vec::new() };
-    for (pid, n) in summary.unfinished.iter().filter(|(pid, _)| !running.contains(pid)) {
+    // (A process still alive that `still_running` did not count — caught in
+    // the middle of an `exec`, its environment and mappings changing — has
+    // not ended: said once in CI of an `--no-wait` run, for a subshell
+    // exec'ing the program.)
+    for (pid, n) in summary.unfinished.iter().filter(|(pid, _)| !running.contains(pid) && !alive(*pid)) {
         note!(
             "ftramp record: pid {pid} (image {n}) ended without the recorder seeing it end (SIGKILL, or an \
              exit system call made directly): the events still in its buffers are lost, and not counted"
@@ -501,8 +505,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     }
     // (An image still starting has an empty `.info` for a moment too: only
     // the processes gone count.)
-    let unwritten: Vec<&(u32, u32)> =
-        summary.unwritten.iter().filter(|(pid, _)| !running.contains(pid) && !Path::new(&format!("/proc/{pid}")).exists()).collect();
+    let unwritten: Vec<&(u32, u32)> = summary.unwritten.iter().filter(|(pid, _)| !running.contains(pid) && !alive(*pid)).collect();
     if !unwritten.is_empty() {
         let pids: Vec<String> = unwritten.iter().map(|(pid, n)| format!("{pid} (image {n})")).collect();
         let (one, files) = (pids.len() == 1, if pids.len() == 1 { "its .info is" } else { "their .info files are" });
@@ -895,6 +898,12 @@ fn summarize(dir: &Path) -> Summary {
     s.unfinished.sort();
     s.unwritten.sort();
     s
+}
+
+/// Whether process `pid` exists and has not ended (a zombie has).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|st| st.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])))
 }
 
 /// `"; <dir>'s file system is full"` when it has no room left (what makes
