@@ -230,9 +230,16 @@ impl TraceFile {
     /// there succeed on a disk filled meanwhile.  Best effort: a file system
     /// without `fallocate` just goes without.
     pub fn reserve(&self, len: u64) {
+        let fd = self.fd();
+        // Never past the program's file-size limit (qemu-user turned a
+        // reservation past it into a SIGXFSZ that killed the program).
+        let len = room_under_size_limit(fd).map_or(len, |room| len.min(room));
+        if len == 0 {
+            return;
+        }
         // SAFETY: a system call on our own descriptor; it allocates blocks
         // past the end and changes no byte or size the program could see.
-        unsafe { libc::fallocate(self.fd(), libc::FALLOC_FL_KEEP_SIZE, 0, len as libc::off_t) };
+        unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, len as libc::off_t) };
     }
 
     /// `ftruncate` of the checked descriptor.
