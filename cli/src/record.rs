@@ -497,7 +497,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // the middle of an `exec`, its environment and mappings changing — has
     // not ended: said once in CI of an `--no-wait` run, for a subshell
     // exec'ing the program.)
-    for (pid, n) in summary.unfinished.iter().filter(|(pid, _)| !running.contains(pid) && !alive(*pid)) {
+    for (pid, n) in summary.unfinished.iter().filter(|(pid, _)| !running.contains(pid) && is_zombie(*pid)) {
         note!(
             "ftramp record: pid {pid} (image {n}) ended without the recorder seeing it end (SIGKILL, or an \
              exit system call made directly): the events still in its buffers are lost, and not counted"
@@ -505,7 +505,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     }
     // (An image still starting has an empty `.info` for a moment too: only
     // the processes gone count.)
-    let unwritten: Vec<&(u32, u32)> = summary.unwritten.iter().filter(|(pid, _)| !running.contains(pid) && !alive(*pid)).collect();
+    let unwritten: Vec<&(u32, u32)> = summary.unwritten.iter().filter(|(pid, _)| !running.contains(pid) && is_zombie(*pid)).collect();
     if !unwritten.is_empty() {
         let pids: Vec<String> = unwritten.iter().map(|(pid, n)| format!("{pid} (image {n})")).collect();
         let (one, files) = (pids.len() == 1, if pids.len() == 1 { "its .info is" } else { "their .info files are" });
@@ -900,12 +900,6 @@ fn summarize(dir: &Path) -> Summary {
     s
 }
 
-/// Whether process `pid` exists and has not ended (a zombie has).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|st| st.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])))
-}
-
 /// `"; <dir>'s file system is full"` when it has no room left (what makes
 /// a recorder's every write fail), else nothing.
 fn free_space_note(dir: &Path) -> String {
@@ -971,7 +965,7 @@ fn table_lost(prog: &Path) -> usize {
         return 0;
     }
     let spec = ftramp_runtime::host_spec();
-    let pads: [&[u8]; 2] = [&[0xf3, 0x0f, 0x1e, 0xfa], &[0x5f, 0x24, 0x03, 0xd5]];
+    let pads = ftramp_runtime::sites::landing_pads();
     file.symbols()
         .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.size() as usize >= spec.site_len)
         .filter(|s| {

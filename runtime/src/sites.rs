@@ -49,6 +49,7 @@
 //! functions), a site is taken to start at the recorded address.
 
 mod arch;
+pub use arch::landing_pads;
 mod elf;
 pub(crate) mod loaded;
 

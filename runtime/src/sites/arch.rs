@@ -11,7 +11,7 @@ use crate::HOST_ARCH;
 /// x86_64 `endbr64` under `-fcf-protection`; aarch64 `bti c` / `bti jc`
 /// under `-mbranch-protection`.  (With M = 0 the compiler records the
 /// address after the pad, so nothing needs skipping.)
-pub(crate) fn landing_pads() -> &'static [&'static [u8]] {
+pub fn landing_pads() -> &'static [&'static [u8]] {
     match HOST_ARCH {
         "x86_64" => &[&[0xf3, 0x0f, 0x1e, 0xfa]],
         // hint #34 (bti c) = 0xd503245f, hint #38 (bti jc) = 0xd50324df.
