@@ -139,7 +139,7 @@ fn start_with(opts: Options) -> Result<(), String> {
         say(&no_sites_advice(&exe_path()));
     }
     let mut warned_unlisted = Vec::new();
-    warn_unlisted(opts, disc.modules(), &mut warned_unlisted, true);
+    warn_unlisted(opts, disc.modules(), &mut warned_unlisted);
     let mut st = State {
         warned_unlisted,
         disc,
@@ -239,11 +239,11 @@ fn started_by_record(opts: &Options) -> bool {
 
 /// Warns about the modules of `modules` with functions that have sites but
 /// are in no site table, and, under function_graph, those with their own
-/// unwinder (`at_start`: loaded at start, whose functions are left
-/// untraced, see [`register`]), once per module and run: in the program
+/// unwinder (whose functions fgraph leaves untraced: `Ops::traces`),
+/// once per module and run: in the program
 /// `ftramp record` started (not in each image it execs or forks), at start
 /// and as it loads libraries.
-fn warn_unlisted<'m>(opts: &Options, modules: impl IntoIterator<Item = &'m Module>, warned: &mut Vec<String>, at_start: bool) {
+fn warn_unlisted<'m>(opts: &Options, modules: impl IntoIterator<Item = &'m Module>, warned: &mut Vec<String>) {
     if !started_by_record(opts) {
         return;
     }
@@ -257,9 +257,9 @@ fn warn_unlisted<'m>(opts: &Options, modules: impl IntoIterator<Item = &'m Modul
             say(&format!(
                 "{}: it has its own copy of the unwinder (linked with -static-libgcc), which function_graph cannot \
                  tell about the returns it hijacks (an exception thrown through them would end the program in \
-                 std::terminate): {}; `-t function` records its calls, or link it without -static-libgcc",
-                m.name,
-                if at_start { "its functions are not traced" } else { "an exception it throws through traced functions ends the program" }
+                 std::terminate): its functions are not traced; `-t function` records its calls, or link it without \
+                 -static-libgcc",
+                m.name
             ));
             warned.push(key);
         }
@@ -398,6 +398,7 @@ fn funcs<'a>(modules: impl IntoIterator<Item = &'a Module>) -> Vec<Site> {
             pre_entry: 0,
             module: r.module,
             symbol: r.symbol.clone(),
+            own_unwinder: m.own_unwinder,
             offset_in_symbol: r.offset_in_symbol,
             kind: r.kind,
             demangled: Default::default(),
@@ -493,15 +494,9 @@ fn register(st: &mut State, opts: &Options) -> Result<(), String> {
             .try_fold(Filter::new(), |f, i| f.parse(i))
             .map_err(bad)
     };
-    let (filter, mut notrace) = (parse(&opts.filter)?, parse(&opts.notrace)?);
-    if matches!(opts.tracer, Tracer::FunctionGraph) {
-        // A module with its own unwinder would die of its first exception
-        // through a hijacked return (warn_unlisted says so): its functions
-        // are left untraced, and the program runs as untraced.
-        for m in st.disc.modules().iter().filter(|m| m.own_unwinder) {
-            notrace = m.sites.iter().fold(notrace, |f, s| f.addr(s.addr));
-        }
-    }
+    // A module with its own unwinder is left out by fgraph itself
+    // (`Ops::traces`), at start and when loaded later; warn_unlisted says so.
+    let (filter, notrace) = (parse(&opts.filter)?, parse(&opts.notrace)?);
     let main_ids: std::collections::HashSet<_> = st
         .disc
         .modules()
@@ -623,7 +618,7 @@ fn check_modules_with(mut guard: MutexGuard<'static, Option<State>>) {
                 .filter_map(|id| st.disc.module(*id))
                 .collect();
             if let Some(opts) = OPTIONS.get() {
-                warn_unlisted(opts, added.iter().copied(), &mut st.warned_unlisted, false);
+                warn_unlisted(opts, added.iter().copied(), &mut st.warned_unlisted);
             }
             let new = funcs(added);
             changed |= !new.is_empty();

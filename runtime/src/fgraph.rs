@@ -579,7 +579,7 @@ fn rebuild(r: &mut Registry) -> Result<(), FgraphError> {
     };
     ALL_MASK.store(all, Relaxed);
     publish_masks(masks, false);
-    let mut ops = Ops::new(graph_entry).filter(filter).notrace(notrace).raw_entry(graph_entry_listed);
+    let mut ops = Ops::new(graph_entry).filter(filter).notrace(notrace).raw_entry(graph_entry_listed).hijacking_returns();
     if users.iter().any(|(_, u)| u.allow_no_sites) {
         ops = ops.flags(crate::ops::OpsFlags::ALLOW_NO_SITES);
     }

@@ -271,6 +271,9 @@ pub struct Ops {
     /// call; a second at the same stack pointer would look like a section
     /// left by a jump, see `grace::DispatchGuard::enter_at`).
     pub(crate) listed_func: Option<OpsFunc>,
+    /// fgraph's ops: its entry hijacks the return, so it leaves out sites
+    /// of modules with their own unwinder ([`Ops::traces`]).
+    pub(crate) hijacks_returns: bool,
 }
 
 impl Ops {
@@ -286,7 +289,14 @@ impl Ops {
             notrace: Filter::new(),
             recursion_misses: AtomicU64::new(0),
             listed_func: None,
+            hijacks_returns: false,
         }
+    }
+
+    /// Marks fgraph's ops (see the `hijacks_returns` field).
+    pub(crate) fn hijacking_returns(mut self) -> Ops {
+        self.hijacks_returns = true;
+        self
     }
 
     /// Makes this a raw entry (see the `listed_func` field).
@@ -342,9 +352,13 @@ impl Ops {
         self.func
     }
 
-    /// Whether this ops traces `site`.
+    /// Whether this ops traces `site`.  fgraph's never traces a function of
+    /// a module with its own copy of the unwinder (`-static-libgcc`,
+    /// [`Site::own_unwinder`]): that copy throws with no GOT slot for the
+    /// unwinder hooks (`unwind.rs`), so an exception through one of its
+    /// hijacked returns would end the program in `std::terminate`.
     pub fn traces(&self, site: &Site) -> bool {
-        (self.filter.is_empty() || self.filter.matches(site)) && !self.notrace.matches(site)
+        !(self.hijacks_returns && site.own_unwinder) && (self.filter.is_empty() || self.filter.matches(site)) && !self.notrace.matches(site)
     }
 
     /// Calls refused by the recursion guard (flag `RECURSION`).

@@ -95,6 +95,9 @@ pub struct Site {
     pub module: ModuleId,
     /// The function the site belongs to, if the module has symbols.
     pub symbol: Option<String>,
+    /// The site's module has its own unwinder ([`Module::own_unwinder`]):
+    /// fgraph, which hijacks returns, leaves it untraced ([`crate::ops::Ops::traces`]).
+    pub own_unwinder: bool,
     /// `addr` minus the symbol's address (e.g. 4 after an `endbr64`).
     pub offset_in_symbol: usize,
     pub kind: SiteKind,
@@ -574,6 +577,11 @@ fn all_nops(bytes: &[u8], units: &[&[u8]]) -> bool {
     reach[bytes.len()]
 }
 
+/// Whether the file defines the unwinder's throw itself ([`Module::own_unwinder`]).
+fn has_own_unwinder(file: &elf::Parsed) -> bool {
+    file.symbols.iter().any(|s| s.name == "_Unwind_RaiseException")
+}
+
 /// Reads a new module's tables and sites (under the loader lock).
 fn read_module(
     live: Live<'_>,
@@ -601,7 +609,7 @@ fn read_module(
         refused: Vec::new(),
         null_entries: 0,
         unlisted: 0,
-        own_unwinder: file.symbols.iter().any(|s| s.name == "_Unwind_RaiseException"),
+        own_unwinder: has_own_unwinder(file),
         symbols: file.symbol_source,
         key: obj.key(),
     };
@@ -627,7 +635,7 @@ fn read_module(
                 continue;
             }
             match classify(live, file, spec, &units, id, table.kind, record) {
-                Ok(site) => module.sites.push(site),
+                Ok(site) => module.sites.push(Site { own_unwinder: module.own_unwinder, ..site }),
                 Err(refused) => {
                     if refused.reason == RefuseReason::OutsideText {
                         unrelocated += obj.in_text(record.wrapping_add(obj.bias), 1) as usize;
@@ -736,7 +744,8 @@ fn classify(
     if symbol.is_some_and(|s| is_tracer_code(&s.name)) {
         return Err(refuse(addr, symbol, offset, found, RefuseReason::TracerCode));
     }
-    Ok(Site { addr, record, pre_entry, module, symbol: symbol.map(|s| s.name.clone()), offset_in_symbol: offset, kind, demangled: Default::default() })
+    // own_unwinder is the module's, set by read_module.
+    Ok(Site { addr, record, pre_entry, module, symbol: symbol.map(|s| s.name.clone()), own_unwinder: false, offset_in_symbol: offset, kind, demangled: Default::default() })
 }
 
 /// The crates the runtime is built from, as their names appear in Rust
@@ -809,6 +818,7 @@ mod tests {
             pre_entry: 0,
             module: ModuleId(0),
             symbol: symbol.map(str::to_string),
+            own_unwinder: false,
             offset_in_symbol: 4,
             kind: SiteKind::PatchableEntry,
             demangled: Default::default(),
