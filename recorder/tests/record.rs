@@ -125,6 +125,7 @@ fn built() -> &'static Built {
                 s("rec_tracee.c"),
                 "-lpthread".into(),
                 "-ldl".into(),
+                "-lgcc_s".into(),
             ],
         ]
         .concat());
@@ -1316,7 +1317,10 @@ fn segv_flushes_what_was_recorded() {
 /// (redis) ended at the first hijacked return (2 frames of 7), since glibc
 /// reaches libgcc's unwinder through its own `dlsym`; the runtime now
 /// hooks `backtrace` itself.  With a buffer longer than the walk and one
-/// it fills (the hook's two paths).
+/// it fills (the hook's two paths).  `_Unwind_Backtrace`, called through
+/// the program's GOT (hooked), passes the same frames as untraced: until the
+/// twenty-eighth session its walks began with the hook's own frame (a Rust
+/// program's `RUST_BACKTRACE=full` showed `ftramp_runtime::unwind::hook_backtrace`).
 #[test]
 fn backtrace_sees_every_frame_under_function_graph() {
     let want = String::from_utf8_lossy(&run_untraced(&built().tracee, &["backtrace"]).stdout).into_owned();

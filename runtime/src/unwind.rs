@@ -1169,12 +1169,49 @@ extern "C-unwind" fn hook_forced(exc: Exc, stop: *mut c_void, arg: *mut c_void, 
     r
 }
 
+/// The caller's `_Unwind_Backtrace` callback, called for every frame but
+/// the first ([`hook_backtrace`]'s own).
+struct SkipFirstFrame {
+    trace: unsafe extern "C-unwind" fn(*mut c_void, *mut c_void) -> Code,
+    arg: *mut c_void,
+    skipped: bool,
+}
+
+extern "C-unwind" fn skip_first_frame(ctx: *mut c_void, arg: *mut c_void) -> Code {
+    // SAFETY: `arg` is the `SkipFirstFrame` on hook_backtrace's stack, which
+    // outlives the walk that calls this; the walk calls it on one thread.
+    let s = unsafe { &mut *(arg as *mut SkipFirstFrame) };
+    if !s.skipped {
+        s.skipped = true;
+        return 0; // _URC_NO_REASON: walk on.
+    }
+    // SAFETY: the caller's callback, with its own argument and the walk's context.
+    unsafe { (s.trace)(ctx, s.arg) }
+}
+
+/// `_Unwind_Backtrace`: the walk starts in this hook (the stub jumped here,
+/// so the hook's return address is the caller's own), and its frame is
+/// left out, as glibc's `backtrace` hook does; until the twenty-eighth
+/// session every walk (`RUST_BACKTRACE=full`, the `backtrace` crate) began
+/// with `ftramp_runtime::unwind::hook_backtrace`.
 extern "C-unwind" fn hook_backtrace(trace: *mut c_void, arg: *mut c_void, caller_sp: usize) -> Code {
     let canary = Cell::new(0u64);
     before(&canary, caller_sp, frame_pointer());
     let f: unsafe extern "C-unwind" fn(*mut c_void, *mut c_void) -> Code = real(Entry::Backtrace);
-    // SAFETY: the real function, with the caller's arguments.
-    let r = unsafe { f(trace, arg) };
+    let r = if trace.is_null() {
+        // SAFETY: the real function, with the caller's arguments.
+        unsafe { f(trace, arg) }
+    } else {
+        let mut skip = SkipFirstFrame {
+            // SAFETY: a non-null callback of the walk's type, as the caller passed it.
+            trace: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C-unwind" fn(*mut c_void, *mut c_void) -> Code>(trace) },
+            arg,
+            skipped: false,
+        };
+        // SAFETY: the real function, with our callback and its state, which
+        // lives on this frame until the walk returns.
+        unsafe { f(skip_first_frame as *mut c_void, &mut skip as *mut SkipFirstFrame as *mut c_void) }
+    };
     std::hint::black_box(&canary);
     after();
     r

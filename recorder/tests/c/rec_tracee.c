@@ -23,6 +23,7 @@
 #include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
+#include <unwind.h>
 
 static long n_fib, n_leaf, n_worker, n_spin, n_quick, n_slow, n_before, n_after, n_child;
 
@@ -542,13 +543,24 @@ static void *stress_caller(void *arg)
 	return (void *)s;
 }
 
+static _Unwind_Reason_Code count_frame(struct _Unwind_Context *ctx, void *arg)
+{
+    (void)ctx;
+    ++*(int *)arg;
+    return _URC_NO_REASON;
+}
+
 /* backtrace() three traced frames down: glibc reaches libgcc's unwinder
-   through its own dlsym, past the runtime's GOT hooks on _Unwind_*. */
+   through its own dlsym, past the runtime's GOT hooks on _Unwind_*; and
+   _Unwind_Backtrace through this program's GOT, which they hook. */
 __attribute__((noinline)) int rec_bt_inner(void)
 {
-    /* A buffer longer than the walk, and one it fills (100 n + m). */
+    /* A buffer longer than the walk, and one it fills (100 n + m); the
+       frames _Unwind_Backtrace passes (10000 k). */
     void *frames[128], *few[4];
-    int n = backtrace(frames, 128) * 100 + backtrace(few, 4);
+    int k = 0;
+    _Unwind_Backtrace(count_frame, &k);
+    int n = k * 10000 + backtrace(frames, 128) * 100 + backtrace(few, 4);
     __asm__ volatile("" ::: "memory");
     return n;
 }
