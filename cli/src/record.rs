@@ -95,9 +95,18 @@ pub fn find_audit(preload: &Path) -> Result<Option<PathBuf>> {
         }
         return Ok(Some(std::fs::canonicalize(&p).unwrap_or(p)));
     }
+    // Beside the recorder library, else beside this executable or in its
+    // `deps/`: an install that copied both libraries next to `ftramp` but
+    // left a newer recorder in `deps/` (which find_preload takes) still has
+    // its audit module (until the twenty-eighth session it was said missing).
     let p = preload.with_file_name(AUDIT_NAME);
     if p.is_file() {
         return Ok(Some(p));
+    }
+    if let Some(dir) = std::env::current_exe().ok().as_deref().and_then(Path::parent) {
+        if let Some(found) = [dir.join(AUDIT_NAME), dir.join("deps").join(AUDIT_NAME)].into_iter().find(|c| c.is_file()) {
+            return Ok(Some(found));
+        }
     }
     note!(
         "ftramp record: {} not found: recording starts in {}'s constructor, so calls made by the constructors \

@@ -631,6 +631,39 @@ fn the_audit_module_is_set_next_to_the_programs_own() {
     assert!(stderr(&o).contains("FTRAMP_AUDIT=/nonexistent/libftramp_audit.so does not name a file"), "{}", stderr(&o));
 }
 
+/// An install with both libraries beside `ftramp` and a newer recorder in
+/// its `deps/` (which `find_preload` takes, as in cargo's layout) still
+/// finds the audit module beside `ftramp`: until the twenty-eighth session
+/// it was looked for in `deps/` only, said missing, and the recording
+/// started after the libraries' constructors.
+#[test]
+fn the_audit_module_beside_ftramp_is_found_when_the_recorder_is_taken_from_deps() {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_ftramp"));
+    let built = bin.parent().unwrap();
+    let lib = |name: &str| [built.join(name), built.join("deps").join(name)].into_iter().find(|p| p.is_file()).unwrap_or_else(|| panic!("{name} not built"));
+    let (recorder, audit) = (lib("libftramp_recorder.so"), lib("libftramp_audit.so"));
+    let install = dir("install-layout");
+    std::fs::create_dir_all(install.join("deps")).unwrap();
+    std::fs::copy(&bin, install.join("ftramp")).unwrap();
+    std::fs::copy(&recorder, install.join("libftramp_recorder.so")).unwrap();
+    std::fs::copy(&audit, install.join("libftramp_audit.so")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::copy(&recorder, install.join("deps/libftramp_recorder.so")).unwrap();
+    let o = Command::new(install.join("ftramp"))
+        .args(["record", "-o"])
+        .arg(install.join("trace"))
+        .args(["--", "/bin/sh", "-c", "printf 'LD_AUDIT=%s\\n' \"$LD_AUDIT\""])
+        .env_remove("FTRAMP_AUDIT")
+        .env_remove("FTRAMP_PRELOAD")
+        .env_remove("LD_AUDIT")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("not found"), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.trim(), format!("LD_AUDIT={}", install.join("libftramp_audit.so").display()), "{}", stderr(&o));
+}
+
 #[test]
 fn ctrl_c_ends_the_program_and_the_trace_is_finished() {
     // The terminal's Ctrl-C goes to the whole process group: here the
