@@ -821,7 +821,7 @@ struct Summary {
     lost: u64,
     /// Per cause (`ftramp_recorder::session::LOSS_KEYS`, in order), the
     /// total and the pids of the images that had some.
-    causes: [(u64, Vec<u32>); 4],
+    causes: [(u64, Vec<u32>); ftramp_recorder::session::LOSS_KEYS.len()],
     /// Images (pid, image number) whose `.info` has no `exit` line.
     unfinished: Vec<(u32, u32)>,
     /// Images whose `.info` is empty: the recorder could not write even

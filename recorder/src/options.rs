@@ -133,8 +133,11 @@ impl Options {
         };
         Ok(Some(Options {
             // Absolute: the program may change its directory, and the files
-            // are reopened by path (`tracefile.rs`).
-            dir: std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.into()),
+            // are reopened by path (`tracefile.rs`).  Not by `canonicalize`:
+            // its `realpath` allocates with the program's `malloc` and frees
+            // with its `free`, before the program's constructors (until the
+            // twenty-eighth session); `getcwd` here fills a buffer of ours.
+            dir: absolute(dir),
             tracer,
             filter: get(ENV_FILTER).map(|s| split_list(&s)).unwrap_or_default(),
             notrace: get(ENV_NOTRACE).map(|s| split_list(&s)).unwrap_or_default(),
@@ -147,4 +150,14 @@ impl Options {
             quiet: get(ENV_QUIET).as_deref() == Some("1"),
         }))
     }
+}
+
+/// `dir` made absolute against the working directory (left as it is if
+/// that cannot be read).
+fn absolute(dir: std::ffi::OsString) -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(dir);
+    if dir.is_absolute() {
+        return dir;
+    }
+    std::env::current_dir().map(|cwd| cwd.join(&dir)).unwrap_or(dir)
 }

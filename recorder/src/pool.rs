@@ -65,6 +65,9 @@ static LOST_UNSLOTTED: AtomicU64 = AtomicU64::new(0);
 /// Events of threads still running after the final flush (the process is
 /// ending): not written, and not for want of buffers, so counted apart.
 static LOST_AFTER_FLUSH: AtomicU64 = AtomicU64::new(0);
+/// Events of calls a thread made after its exit hooks released its slot
+/// (the C library's own thread cleanup): no slot can be had any more.
+static LOST_AT_THREAD_EXIT: AtomicU64 = AtomicU64::new(0);
 
 impl Pool {
     /// Maps `n` buffers of `size` bytes (header included) and publishes the pool.
@@ -214,6 +217,7 @@ impl Pool {
         LOST_UNSLOTTED.store(0, Relaxed);
         RETIRED_LOST.store(0, Relaxed);
         LOST_AFTER_FLUSH.store(0, Relaxed);
+        LOST_AT_THREAD_EXIT.store(0, Relaxed);
         for t in TOMBS.iter() {
             t.state.store(0, Relaxed);
         }
@@ -499,7 +503,7 @@ impl Local {
     /// is free or the thread is exiting.
     pub fn depths_claimed(&self) -> Option<&'static Depths> {
         if self.cur.get().is_null() {
-            claim_slot(self)?;
+            claim_slot(self).ok()?;
         }
         self.depths()
     }
@@ -751,8 +755,12 @@ fn emit_slow(local: &Local, base: u64, now: u64) {
     let p = local.cur.get();
     let slot = if p.is_null() {
         match claim_slot(local) {
-            Some(s) => s,
-            None => {
+            Ok(s) => s,
+            Err(NoSlot::Exiting) => {
+                LOST_AT_THREAD_EXIT.fetch_add(1, Relaxed);
+                return;
+            }
+            Err(NoSlot::AllTaken) => {
                 LOST_UNSLOTTED.fetch_add(1, Relaxed);
                 return;
             }
@@ -806,22 +814,31 @@ fn emit_slow(local: &Local, base: u64, now: u64) {
     slot.busy.store(IDLE, Release);
 }
 
-fn claim_slot(local: &Local) -> Option<&'static Slot> {
+fn claim_slot(local: &Local) -> Result<&'static Slot, NoSlot> {
     // The slot is released at thread exit: not claimable once the thread
     // is exiting.
     if !ftramp_runtime::thread::arm() {
-        return None;
+        return Err(NoSlot::Exiting);
     }
     let (i, slot) = SLOTS
         .iter()
         .enumerate()
-        .find(|(_, s)| s.in_use.compare_exchange(0, 1, Acquire, Relaxed).is_ok())?;
+        .find(|(_, s)| s.in_use.compare_exchange(0, 1, Acquire, Relaxed).is_ok())
+        .ok_or(NoSlot::AllTaken)?;
     slot.clear();
     slot.tid.store(gettid(), Relaxed);
     slot.busy.store(IDLE, Relaxed);
     local.cur.set(slot);
     local.depths.set(&DEPTHS[i]);
-    Some(slot)
+    Ok(slot)
+}
+
+/// Why [`claim_slot`] found none.
+enum NoSlot {
+    /// The thread is exiting (its exit hooks have run).
+    Exiting,
+    /// Every slot is in use.
+    AllTaken,
 }
 
 /// The lock held by whoever writes chunks to the `.dat` file.
@@ -919,6 +936,11 @@ pub fn reopen() {
 /// (not in [`lost_total`]).
 pub fn lost_after_flush() -> u64 {
     LOST_AFTER_FLUSH.load(Relaxed)
+}
+
+/// Events of calls made after their thread's exit hooks ([`LOST_AT_THREAD_EXIT`]).
+pub fn lost_at_thread_exit() -> u64 {
+    LOST_AT_THREAD_EXIT.load(Relaxed)
 }
 
 /// All events lost so far (live and exited threads) for want of buffers

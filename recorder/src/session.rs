@@ -769,6 +769,7 @@ impl std::fmt::Display for SignalName {
 /// fgraph's process-wide miss counters when this process was forked (0 in
 /// an image that was not): the parent's misses are reported by the parent.
 static MISSES_AT_FORK: AtomicU64 = AtomicU64::new(0);
+static EXIT_MISSES_AT_FORK: AtomicU64 = AtomicU64::new(0);
 static RECURSION_MISSES_AT_FORK: AtomicU64 = AtomicU64::new(0);
 
 /// The `function` tracer's ops, once registered: its recursion guard's
@@ -869,8 +870,13 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     // (whose misses went unreported until the twenty-sixth session).
     let nested = recursion_misses().wrapping_sub(RECURSION_MISSES_AT_FORK.load(Relaxed));
     let per_call = if FUNCTION_OPS.get().is_some() { 1 } else { 2 };
+    // And events of calls threads made after their exit hooks had run (the
+    // C library's own thread cleanup: glibc's `free` of thread storage),
+    // with no shadow stack or buffer left (reported as calls nested too
+    // deep or as full buffers until the twenty-eighth session).
+    let exiting = pool::lost_at_thread_exit() + 2 * fgraph::exit_misses().wrapping_sub(EXIT_MISSES_AT_FORK.load(Relaxed));
     // And events whose chunk could not be written (reported below).
-    let lost = dropped + late_at_flush + 2 * missed + per_call * nested + tracefile::failed_events();
+    let lost = dropped + late_at_flush + 2 * missed + per_call * nested + exiting + tracefile::failed_events();
     if let Ending::Exec = ending {
         if let Some(size) = INFO.size() {
             INFO_LEN_BEFORE_EXEC.store(size, Relaxed);
@@ -878,7 +884,7 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
     }
     let mut b = StackBuf::new();
     // The causes, for `ftramp record`'s summary (the readers ignore them).
-    let causes = [dropped, late_at_flush, missed, nested];
+    let causes = [dropped, late_at_flush, missed, nested, exiting];
     for (key, n) in LOSS_KEYS.iter().zip(causes) {
         let _ = writeln!(b, "{key} = {n}");
     }
@@ -922,8 +928,9 @@ fn finish_image(pid: u32, ending: Ending, tries: u32) {
 
 /// The `.info` keys of the causes of loss, which `finish_image` writes
 /// for `ftramp record`'s summary: buffers full, events after the final
-/// flush, calls deeper than a shadow stack, calls made inside the recorder.
-pub const LOSS_KEYS: [&str; 4] = ["lost_buffers", "lost_late", "missed_depth", "missed_nested"];
+/// flush, calls deeper than a shadow stack, calls made inside the recorder,
+/// events of calls made after their thread's exit hooks.
+pub const LOSS_KEYS: [&str; 5] = ["lost_buffers", "lost_late", "missed_depth", "missed_nested", "lost_thread_exit"];
 
 /// What `n` losses of cause `cause` (the index of its [`LOSS_KEYS`] key)
 /// mean, with `place` (`" in pid 12"`, or nothing) after what was lost:
@@ -942,7 +949,13 @@ pub fn write_loss_note(out: &mut dyn std::fmt::Write, cause: usize, n: u64, plac
             "{n} calls not recorded{place} (nested deeper than the {SHADOW_STACK_FRAMES} frames a shadow stack holds; \
              each tail call made by a jump counts as a level, as its frame returns only with its caller's)"
         ),
-        _ => write!(out, "{n} calls not recorded{place} (made by signal handlers that interrupted the recorder)"),
+        3 => write!(out, "{n} calls not recorded{place} (made by signal handlers that interrupted the recorder)"),
+        _ => write!(
+            out,
+            "{n} events not recorded{place}: calls made by exiting threads after their last thread-exit hook, \
+             when the tracer keeps no state for them any more (the C library's own cleanup, such as glibc's `free` \
+             of a thread's storage reaching a traced `free`)"
+        ),
     }
 }
 
@@ -1325,6 +1338,7 @@ extern "C" fn fork_child() {
             pool.reset_after_fork(pool::current_slot(), clock::ticks());
         }
         MISSES_AT_FORK.store(fgraph::misses(), Relaxed);
+        EXIT_MISSES_AT_FORK.store(fgraph::exit_misses(), Relaxed);
         RECURSION_MISSES_AT_FORK.store(recursion_misses(), Relaxed);
         tracefile::reset_failures();
         let pid = std::process::id();

@@ -51,6 +51,8 @@ struct Built {
     nosites: PathBuf,
     /// `rec_own_malloc.c`: its own lock-free malloc, with sites.
     own_malloc: PathBuf,
+    /// `rec_exit_free.c`: its own `free`, which glibc calls as threads end.
+    exit_free: PathBuf,
     /// `rec_abi.c` with `tests/c/tracee_abi.c` (sites) and `abi_driver.c`.
     abi: PathBuf,
     /// `rec_ctor.c`, linked with `rec_ctor_lib.c`'s library.
@@ -107,6 +109,7 @@ fn built() -> &'static Built {
             lib: out.join("librec_lib.so"),
             nosites: out.join("rec_nosites"),
             own_malloc: out.join("rec_own_malloc"),
+            exit_free: out.join("rec_exit_free"),
             abi: out.join("rec_abi"),
             ctor: out.join("rec_ctor"),
             ctor_lib: out.join("librec_ctor.so"),
@@ -143,6 +146,7 @@ fn built() -> &'static Built {
         .concat());
         cc([common.clone(), vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
         cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.own_malloc), s("rec_own_malloc.c")]].concat());
+        cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.exit_free), s("rec_exit_free.c"), "-lpthread".into()]].concat());
         cc([common.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&b.slow_audit), s("rec_slow_startup_audit.c")]].concat());
         let ctor_lib = b.ctor_lib.clone();
         cc([common.clone(), site.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&ctor_lib), s("rec_ctor_lib.c")]].concat());
@@ -1662,6 +1666,36 @@ fn a_filter_naming_only_functions_of_a_later_library_records_them_quietly() {
 /// glibc's own names (`alloc.rs`); the few calls the start of a helper
 /// thread makes (Rust's thread start registering its thread-local
 /// destructors through libc) happen while the thread that spawns it waits.
+/// The calls a thread makes after its last exit hook (glibc's own cleanup
+/// calls the program's traced `free` after every key destructor) cannot be
+/// recorded: they are counted and said to be that, with both tracers.  Until
+/// the twenty-eighth session they were reported as calls nested deeper than
+/// a shadow stack holds (function_graph) or as events lost to full buffers
+/// (function), with advice that could not help.
+#[test]
+fn calls_after_a_threads_exit_hooks_are_reported_as_such() {
+    let b = built();
+    for (tracer, events_per_call) in [("function_graph", 2), ("function", 1)] {
+        let dir = trace_dir("exit-free", tracer);
+        let out = record(&dir, &b.exit_free, &[], &[("FTRAMP_TRACER", tracer)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{tracer}: {stderr}");
+        // The program's own count of calls on its worker threads, in this run.
+        let want: u64 = String::from_utf8_lossy(&out.stdout).trim().strip_prefix("worker free ").and_then(|n| n.parse().ok()).expect("worker free N");
+        let p = &open(&dir).processes[0];
+        let info = std::fs::read_to_string(dir.join(format!("task-{}-0.info", p.pid))).unwrap();
+        let key = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)?.trim_start().strip_prefix('=')?.trim().parse::<u64>().ok()).unwrap_or_else(|| panic!("no {k} in {info}"));
+        assert_eq!((key("missed_depth"), key("lost_buffers")), (0, 0), "{tracer}: {info}");
+        let exiting = key("lost_thread_exit");
+        assert!(exiting > 0, "{tracer}: glibc frees thread storage after the exit hooks: {info}");
+        assert_eq!(exiting % events_per_call, 0, "{tracer}: {info}");
+        let entries = p.threads.iter().filter(|t| t.tid != p.pid).flat_map(|t| &t.events).filter(|e| e.kind == EventKind::Entry && p.func_name(e.func) == "free").count() as u64;
+        assert_eq!(entries + exiting / events_per_call, want, "{tracer}: every call of free on the workers recorded or counted: {info}");
+        assert!(stderr.contains(&format!("{exiting} events not recorded: calls made by exiting threads after their last thread-exit hook")), "{tracer}: {stderr}");
+        assert!(!stderr.contains("nested deeper") && !stderr.contains("buffers full"), "{tracer}: {stderr}");
+    }
+}
+
 #[test]
 fn the_recorder_never_calls_the_programs_own_malloc() {
     let b = built();

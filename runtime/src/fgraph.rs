@@ -88,7 +88,9 @@
 //! from a callback (or from a signal handler that interrupted fgraph
 //! itself) is not traced and is counted in [`recursion_misses`].  A frame
 //! that does not fit counts a miss ([`misses`], [`thread_misses`]) and the
-//! call runs untraced.  Nothing allocates, not even a thread's first
+//! call runs untraced; so does a call made after the thread's exit hooks
+//! released its stack (the C library's own thread cleanup), counted apart
+//! ([`exit_misses`]).  Nothing allocates, not even a thread's first
 //! traced call, which may be a signal handler's that interrupted `malloc`:
 //! the stack is `mmap`ed then, and unmapped when the thread exits through
 //! the runtime's exit key ([`crate::thread`]); a `fork` child keeps a copy.
@@ -358,6 +360,7 @@ static ALL_MASK: AtomicU16 = AtomicU16::new(0);
 static RETURN_TO_HANDLER: AtomicUsize = AtomicUsize::new(0);
 
 static MISSES: AtomicU64 = AtomicU64::new(0);
+static EXIT_MISSES: AtomicU64 = AtomicU64::new(0);
 static RECURSION_MISSES: AtomicU64 = AtomicU64::new(0);
 static STALE: AtomicU64 = AtomicU64::new(0);
 static UNHIJACKED: AtomicU64 = AtomicU64::new(0);
@@ -399,6 +402,15 @@ pub fn stack_words() -> usize {
 /// Calls left untraced because the shadow stack was full (all threads).
 pub fn misses() -> u64 {
     MISSES.load(Relaxed)
+}
+
+/// Calls left untraced because their thread was exiting (all threads): made
+/// after its exit hooks released its shadow stack, by the C library's own
+/// thread cleanup (glibc's `__libc_thread_freeres` calls `free` after every
+/// key destructor).  Until the twenty-eighth session they counted as
+/// [`misses`], which `ftramp record` reported as calls nested too deep.
+pub fn exit_misses() -> u64 {
+    EXIT_MISSES.load(Relaxed)
 }
 
 /// Traced calls skipped by the recursion guard (all threads).
@@ -732,28 +744,29 @@ impl Shadow {
     /// finishes the work instead of mapping again (or mistaking the thread
     /// for an exiting one).
     #[cold]
-    fn ensure(&self) -> bool {
+    fn ensure(&self) -> Ensured {
         if self.len.get() != 0 {
-            return true;
+            return Ensured::Ready;
         }
         if std::ptr::eq(self.stack.get(), NO_STACK.as_ptr()) {
             // Released (the thread is exiting).
-            return false;
+            return Ensured::Exiting;
         }
         if self.stack.get().is_null() {
             let words = stack_words() + word::BASE;
             // Arranges the release at thread exit without allocating; when
-            // it cannot (thread::arm), the call runs untraced.
+            // it cannot (thread::arm: the thread is exiting), the call runs
+            // untraced.
             if !crate::thread::arm() {
-                return false;
+                return Ensured::Exiting;
             }
-            let Some(bytes) = words.checked_mul(8) else { return false };
+            let Some(bytes) = words.checked_mul(8) else { return Ensured::NoRoom };
             // SAFETY: a fresh anonymous mapping aliases nothing.
             let p = unsafe {
                 libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
             };
             if p == libc::MAP_FAILED {
-                return false;
+                return Ensured::NoRoom;
             }
             self.mapped.set(words);
             self.stack.set(p as *mut u64);
@@ -766,7 +779,7 @@ impl Shadow {
         self.cur.set(word::BASE);
         self.len.set(words);
         LIVE_STACKS.fetch_add(1, Relaxed);
-        true
+        Ensured::Ready
     }
 
     /// Unmaps the stack (thread exit, after the exit hooks).
@@ -1167,6 +1180,16 @@ pub(crate) fn dispatch_left() {
     sh.depth.set(sh.frames().count());
 }
 
+/// Whether a thread's shadow stack could be had ([`Shadow::ensure`]).
+#[derive(PartialEq, Eq)]
+enum Ensured {
+    Ready,
+    /// The thread is exiting: its exit hooks have run, or cannot be arranged.
+    Exiting,
+    /// No mapping could be made.
+    NoRoom,
+}
+
 /// Counts a call left untraced for want of room, and leaves.
 #[cold]
 #[inline(never)]
@@ -1188,9 +1211,19 @@ fn push_slow(sh: &Shadow, sp: usize, ret: usize) -> bool {
         return false;
     }
     sh.state.set(sh.state.get() | BUSY);
-    if sh.len.get() == 0 && !sh.ensure() {
-        miss(sh);
-        return false;
+    if sh.len.get() == 0 {
+        match sh.ensure() {
+            Ensured::Ready => {}
+            Ensured::Exiting => {
+                EXIT_MISSES.fetch_add(1, Relaxed);
+                sh.state.set(sh.state.get() & !BUSY);
+                return false;
+            }
+            Ensured::NoRoom => {
+                miss(sh);
+                return false;
+            }
+        }
     }
     let stale = match sh.top_frame() {
         Some(f) => {
