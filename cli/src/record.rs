@@ -417,13 +417,20 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // would have untraced: a supervisor that stops it by its pid never
     // leaves the program running on (see `catch_terminal_signals`).
     let parent = std::process::id() as libc::pid_t;
-    // SAFETY: between fork and exec the closure makes two async-signal-safe
-    // calls (prctl with integer arguments, getppid) and allocates nothing;
-    // a parent already gone is reported as an error before exec.
+    // SAFETY: between fork and exec the closure makes async-signal-safe
+    // calls (prctl with integer arguments, getppid, signal) and allocates
+    // nothing; a parent already gone is reported as an error before exec.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 || libc::getppid() != parent {
                 return Err(std::io::Error::other("ftramp record ended before the program started"));
+            }
+            // Ignored before `ftramp record` handled them: ignored in the
+            // program, as untraced (exec would reset our handler to the
+            // default action).
+            let ignored = IGNORED_AT_START.load(SeqCst);
+            for sig in TERMINAL_SIGNALS.into_iter().filter(|&s| ignored & (1 << s) != 0) {
+                libc::signal(sig, libc::SIG_IGN);
             }
             Ok(())
         })
@@ -720,6 +727,13 @@ fn wait_for_descendants(inherited: &[libc::pid_t]) -> Option<libc::c_int> {
 /// The last terminal signal `ftramp record` got ([`catch_terminal_signals`]).
 static TERMINAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+/// The signals [`catch_terminal_signals`] handles.
+const TERMINAL_SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP];
+
+/// Those of [`TERMINAL_SIGNALS`] that were ignored when `ftramp record`
+/// started (bit N for signal N): the program starts with them ignored.
+static IGNORED_AT_START: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The program's pid while it runs (0 before and after): where
 /// [`catch_terminal_signals`] passes a signal on.
 static PROGRAM: AtomicI32 = AtomicI32::new(0);
@@ -764,13 +778,18 @@ fn pass_on_pending() {
 /// `PR_SET_PDEATHSIG`.)  A signal sent to a whole other group that holds
 /// both (`kill -TERM -PGID` from outside, a control-group kill) reaches
 /// the program twice.  Where the signals are ignored already (a job
-/// started with `&` by a shell without job control, `trap '' INT`), they
-/// stay ignored: the program inherits that across exec, as it would
-/// untraced (a handler would reset to the default action there, and
-/// Ctrl-C would then end a program meant to ignore it).
+/// started with `&` by a shell without job control, `trap '' INT`), the
+/// program starts with them ignored, as it would untraced (the child sets
+/// them back to `SIG_IGN` before exec: [`IGNORED_AT_START`]), and
+/// `ftramp record` does not react to them itself; but one sent to it alone
+/// is still passed on, for a program that installs a handler of its own
+/// (until the twenty-eighth session `ftramp record` ignored them too, and
+/// such a program's `kill -INT` through `ftramp record`'s pid was lost).
 fn catch_terminal_signals() {
     extern "C" fn note(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-        TERMINAL_SIGNAL.store(sig, SeqCst);
+        if IGNORED_AT_START.load(SeqCst) & (1 << sig) == 0 {
+            TERMINAL_SIGNAL.store(sig, SeqCst);
+        }
         if info.is_null() {
             return;
         }
@@ -797,14 +816,14 @@ fn catch_terminal_signals() {
             pass_on_pending();
         }
     }
-    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: queries, then (unless ignored) installs an
-        // async-signal-safe handler that notes the signal (an atomic
-        // store) and may pass it on (system calls only).
+    for sig in TERMINAL_SIGNALS {
+        // SAFETY: queries, then installs an async-signal-safe handler that
+        // notes the signal (an atomic store) and may pass it on (system
+        // calls only).
         unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
-                continue;
+                IGNORED_AT_START.fetch_or(1 << sig, SeqCst);
             }
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = note as *const () as libc::sighandler_t;

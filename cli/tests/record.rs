@@ -874,6 +874,58 @@ fn ignored_terminal_signals_stay_ignored_in_the_program() {
     }
 }
 
+/// A signal ignored where `ftramp record` starts is still passed on when sent
+/// to `ftramp record` alone: the program starts with it ignored (above) but
+/// may install a handler of its own (lua.c does for SIGINT), and untraced it
+/// would get the signal.  Until the twenty-eighth session `ftramp record`
+/// ignored it too, and the program never saw it.  (perl, as POSIX shells may
+/// not trap a signal ignored on entry.)
+#[test]
+fn a_signal_ignored_at_start_and_then_handled_by_the_program_is_passed_on() {
+    use std::os::unix::process::CommandExt;
+    let work = dir("ignored-pass-on-work");
+    std::fs::create_dir_all(&work).unwrap();
+    let (ready, got) = (work.join("ready"), work.join("got"));
+    let script = r#"$SIG{INT} = sub { open(G, ">>", $ARGV[1]); print G "INT\n"; close G; exit 3 };
+        open(F, ">", $ARGV[0]); print F "$$\n"; close F; select(undef, undef, undef, 0.02) while 1;"#;
+    let mut c = ftramp();
+    c.arg("record").arg("-o").arg(dir("ignored-pass-on")).args(["--", "perl", "-e", script]).arg(&ready).arg(&got).process_group(0);
+    // SAFETY: (test) signal() between fork and exec is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = c.spawn().unwrap();
+    let t0 = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "the program did not start");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // SAFETY: kill of the child we spawned, by its pid alone.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let t0 = std::time::Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            let program: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+            // SAFETY: kill of the processes this test started.
+            unsafe {
+                libc::kill(program, libc::SIGKILL);
+                libc::kill(child.id() as i32, libc::SIGKILL);
+            }
+            let _ = child.wait();
+            panic!("SIGINT sent to ftramp record never reached the program");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(st.code(), Some(3), "the program's status");
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), "INT\n", "handled once");
+}
+
 /// SIGTERM and SIGHUP sent to the process group (`timeout`, `kill -TERM
 /// -PGID`, a hang-up) reach the program, which handles them as untraced;
 /// `ftramp record` waits for it, exits with its status and finishes the
