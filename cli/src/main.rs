@@ -244,6 +244,37 @@ fn variants(names: &[String], default: &[Variant]) -> Result<Vec<Variant>> {
 const DEFAULT_OBJECT: [Variant; 3] = [Variant::ALL[0], Variant::ALL[1], Variant::Return];
 
 fn main() {
+    // A small stack limit (`ulimit -s 44`) is meant for the program
+    // `record` runs, which inherits it: ftramp's own work (clap, the trace
+    // reader) then runs on a thread with a stack of its own, 8 MiB mapped
+    // when touched.  Until the twenty-eighth session `ftramp --version`
+    // overflowed its stack under `ulimit -s 44`.
+    if stack_limit() < MIN_STACK {
+        let worker = std::thread::Builder::new().name("ftramp".into()).stack_size(8 << 20).spawn(main_on_this_thread);
+        match worker.map(|w| w.join()) {
+            Ok(Ok(())) => return,
+            Ok(Err(_)) => std::process::exit(101),
+            // No thread to be had: try on this stack.
+            Err(_) => {}
+        }
+    }
+    main_on_this_thread()
+}
+
+/// Below this stack limit, [`main`] runs on a thread of its own.
+const MIN_STACK: u64 = 1 << 20;
+
+/// The soft `RLIMIT_STACK` (unlimited: `u64::MAX`).
+fn stack_limit() -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut r) } != 0 {
+        return u64::MAX;
+    }
+    r.rlim_cur
+}
+
+fn main_on_this_thread() {
     if let Err(e) = run() {
         // The message and its causes on one line; a bad input is not a
         // crash, so no backtrace even where RUST_BACKTRACE is set.

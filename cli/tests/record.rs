@@ -874,6 +874,42 @@ fn ignored_terminal_signals_stay_ignored_in_the_program() {
     }
 }
 
+/// `ulimit -s 44` is for the program `ftramp record` runs: ftramp's own work
+/// runs on a thread with a stack of its own then, and the limit reaches the
+/// program unchanged.  Until the twenty-eighth session `ftramp --version`
+/// overflowed its stack under it.
+#[test]
+fn ftramp_works_under_a_small_stack_limit() {
+    use std::os::unix::process::CommandExt;
+    let small = |c: &mut Command| {
+        // SAFETY: (test) setrlimit between fork and exec is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                let r = libc::rlimit { rlim_cur: 44 << 10, rlim_max: libc::RLIM_INFINITY };
+                libc::setrlimit(libc::RLIMIT_STACK, &r);
+                Ok(())
+            });
+        }
+    };
+    let mut c = ftramp();
+    c.arg("--version");
+    small(&mut c);
+    let o = c.output().unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).starts_with("ftramp "), "{o:?}");
+    // A trace read under the limit (the recorder itself needs more of the
+    // program's stack than this at start: see the README).
+    let d = dir("small-stack");
+    let o = ftramp().args(["record", "-q", "-o"]).arg(&d).args(["--"]).arg(tracee()).arg("dispositions").output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    for cmd in ["replay", "report"] {
+        let mut c = ftramp();
+        c.arg(cmd).arg(&d);
+        small(&mut c);
+        let o = c.output().unwrap();
+        assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("main"), "{cmd}: {o:?}");
+    }
+}
+
 /// A signal ignored where `ftramp record` starts is still passed on when sent
 /// to `ftramp record` alone: the program starts with it ignored (above) but
 /// may install a handler of its own (lua.c does for SIGINT), and untraced it
