@@ -561,6 +561,13 @@ fn bad_input_is_refused_with_a_reason() {
         assert!(!o.status.success(), "{opts:?} {prog}");
         assert!(stderr(&o).contains(want), "{opts:?}: {}", stderr(&o));
     }
+    // Bad option values are refused by clap, with its hint and status 2 as for
+    // every other option (until the twenty-eighth session: status 1, `Error:`).
+    for opts in [["--min-duration", "5xs"], ["--buffer-size", "12Q"], ["--buffer-size", "1G"]] {
+        let o = record(&d, &opts, Path::new("true"), &[]);
+        assert_eq!(o.status.code(), Some(2), "{opts:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(&format!("invalid value '{}' for '{}", opts[1], opts[0])), "{opts:?}: {}", stderr(&o));
+    }
     // The names replay shows for call operators end in `()`: not a parameter list.
     for opts in [["-F", "F::operator()"], ["-N", "main::{lambda(int)#1}::operator()"]] {
         let o = record(&d, &opts, Path::new("true"), &[]);
