@@ -1072,6 +1072,22 @@ fn resync(dat: &DatReader, from: usize) -> std::io::Result<Option<usize>> {
     Ok(None)
 }
 
+/// The first valid chunk header inside a chunk's claimed payload `range`, at a whole
+/// number of events from its start (where the chunks that follow a chunk start).
+fn header_inside(dat: &DatReader, range: std::ops::Range<usize>, buf: &mut Vec<u8>) -> std::io::Result<Option<usize>> {
+    let start = range.start;
+    let bytes = dat.get(range, buf)?;
+    for (i, w) in bytes.chunks_exact(EVENT_SIZE).enumerate() {
+        if w[..CHUNK_MAGIC.len()] == CHUNK_MAGIC {
+            let at = start + i * EVENT_SIZE;
+            if let Some(Ok(_)) = header_at(dat, at)? {
+                return Ok(Some(at));
+            }
+        }
+    }
+    Ok(None)
+}
+
 fn plural(n: usize, what: &str) -> String {
     if n == 1 {
         format!("1 {what}")
@@ -1125,6 +1141,7 @@ fn find_chunks(
         };
     }
     let mut pos = 0usize;
+    let mut payload = Vec::new();
     while pos < len {
         let intact = plural(chunks.len(), "chunk");
         let header = match try_read!(header_at(dat, pos)) {
@@ -1196,6 +1213,18 @@ fn find_chunks(
                     end = start + have;
                 }
             }
+        } else if let Some(at) = try_read!(header_inside(dat, start..end, &mut payload)) {
+            // Its length is wrong: the chunk whose header is inside the claimed payload
+            // (and the chunks after it) would otherwise be read as its events.
+            problems.push(corrupt(
+                pos,
+                format!(
+                    "chunk of tid {} seq {} claims {} payload bytes, but a chunk header starts inside them at offset {at}: events up to it kept, reading goes on there",
+                    header.tid, header.seq, header.len
+                ),
+            ));
+            end = at;
+            next = at;
         }
         chunks.push(Chunk {
             offset: pos,

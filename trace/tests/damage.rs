@@ -210,6 +210,38 @@ fn length_too_big_and_past_the_end() {
     assert_eq!(thread(&t, 101).events.len(), 5);
 }
 
+/// A length too big but inside the file (found by fuzzing): thread 101's first chunk
+/// claims the next chunk (thread 100 seq 1) as its payload, ending on the header of the
+/// chunk after it, or 8 bytes into that next chunk.  The swallowed chunk was read as
+/// thread 101's events, damaged at its header, and thread 100 lost its second chunk.
+#[test]
+fn a_length_too_big_inside_the_file_does_not_swallow_the_next_chunk() {
+    let claimed_ends = |l: &DemoLayout| [l.chunks[3], l.chunks[2] + 8];
+    for which in 0..2 {
+        let dir = tempdir();
+        let l = demo_trace(dir.path());
+        let len = (claimed_ends(&l)[which] - l.chunks[1] - CHUNK_HEADER_SIZE) as u32;
+        edit_dat(dir.path(), |b| {
+            b[l.chunks[1] + 16..l.chunks[1] + 20].copy_from_slice(&len.to_le_bytes())
+        });
+        let t = open(dir.path()).unwrap();
+        let m = only_problem(&t);
+        assert_eq!(
+            m,
+            format!(
+                "{}: offset {}: chunk of tid 101 seq 0 claims {len} payload bytes, but a chunk header starts inside them at offset {}: events up to it kept, reading goes on there",
+                dat_path(dir.path(), 100, 0).display(),
+                l.chunks[1],
+                l.chunks[2]
+            )
+        );
+        let mut out = Vec::new();
+        replay::replay(&t, &ReplayOptions::default(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.split_once('\n').unwrap().1, DEMO_REPLAY, "claimed end {which}");
+    }
+}
+
 #[test]
 fn missing_sym_shows_ids() {
     let dir = tempdir();
