@@ -385,6 +385,74 @@ fn missing_or_bad_info() {
     }
 }
 
+/// One byte that is not UTF-8 in `info` or a `.info` (found by fuzzing) lost the whole
+/// file: a `function` trace was then read as function_graph (every call nested in the
+/// one before: `replay` of a 700 KB trace wrote gigabytes), and a process lost its
+/// calibration.  Now only the damaged line is lost; and when `info` names no known tracer,
+/// the one the images' `.info` name is used, as when `info` is missing.
+#[test]
+fn a_bad_byte_in_an_info_file_loses_only_its_line() {
+    let with_tracer = |dir: &Path| {
+        for pid in [100, 102] {
+            let path = dir.join(format::task_file_name(pid, 0, "info"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            std::fs::write(&path, format!("{text}tracer = \"function\"\n")).unwrap();
+        }
+    };
+    // `info` of a function trace, a bad byte in its command.
+    let dir = tempdir();
+    demo_trace(dir.path());
+    with_tracer(dir.path());
+    let info = dir.path().join("info");
+    let text = std::fs::read_to_string(&info).unwrap().replace("tracer = \"function_graph\"", "tracer = \"function\"");
+    let at = text.find("demo").unwrap();
+    let mut bytes = text.into_bytes();
+    bytes[at] = 0xff;
+    std::fs::write(&info, &bytes).unwrap();
+    let t = open(dir.path()).unwrap();
+    assert_eq!(
+        only_problem(&t),
+        format!("{}: offset {at}: not UTF-8; read with U+FFFD in place of the bad bytes", info.display())
+    );
+    assert!(!t.info.has_exits());
+    assert_eq!(t.info.command, ["\u{fffd}emo", "x"]);
+
+    // Its tracer line damaged (a quote become a bad byte): the images' tracer.
+    let dir = tempdir();
+    demo_trace(dir.path());
+    with_tracer(dir.path());
+    let info = dir.path().join("info");
+    let mut bytes = std::fs::read(&info).unwrap();
+    let at = bytes.windows(9).position(|w| w == b"= \"functi").unwrap() + 2;
+    bytes[at] = 0xc3;
+    std::fs::write(&info, &bytes).unwrap();
+    let t = open(dir.path()).unwrap();
+    let m = messages(&t);
+    assert_eq!(m.len(), 3, "{m:#?}");
+    assert_eq!(m[0], format!("{}: offset {at}: not UTF-8; read with U+FFFD in place of the bad bytes", info.display()));
+    assert!(m[1].starts_with(&format!("{}: line 2: not `key = value` TOML", info.display())), "{}", m[1]);
+    assert_eq!(m[2], format!("{}: no `tracer`; read as function, as the images' .info say", info.display()));
+    assert!(!t.info.has_exits());
+    assert_eq!(t.info.command, ["demo", "x"]);
+
+    // A process's .info, a bad byte in its exe: its calibration and exit are kept.
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let pinfo = dir.path().join(format::task_file_name(100, 0, "info"));
+    let mut bytes = std::fs::read(&pinfo).unwrap();
+    let at = bytes.windows(4).position(|w| w == b"demo").unwrap();
+    bytes[at] = 0x80;
+    std::fs::write(&pinfo, &bytes).unwrap();
+    let t = open(dir.path()).unwrap();
+    assert_eq!(
+        only_problem(&t),
+        format!("{}: offset {at}: not UTF-8; read with U+FFFD in place of the bad bytes", pinfo.display())
+    );
+    let p = &t.processes[0];
+    assert_eq!((p.pid, p.exe.as_str(), p.exit.as_deref()), (100, "/bin/\u{fffd}emo", Some("code 0")));
+    assert_eq!(thread(&t, 100).events[11].ns, BASE_NS + 2_020_000);
+}
+
 #[test]
 fn the_runs_calibration_is_every_processs() {
     // `[calibration]` in the trace's info (ftramp record writes it when the
