@@ -627,6 +627,75 @@ fn random_damage_never_panics() {
     );
 }
 
+/// Damage to one chunk of the shared `.dat` (bit flips, bytes overwritten, its length set
+/// to other values: anything but its tid, which moves it to another thread) leaves the
+/// other thread's events and losses as they were, and renders without a panic.  (A
+/// length grown over the next chunk took that chunk from the other thread until the
+/// reader looked for headers inside a claimed payload.)
+#[test]
+fn damage_to_one_chunk_leaves_the_other_thread_intact() {
+    use ftramp_trace::read::Item;
+    let items = |t: &Trace, tid: u32| {
+        let mut v: Vec<Item> = Vec::new();
+        thread(t, tid).for_each(|i| v.push(i));
+        v
+    };
+    let dir = tempdir();
+    let l = demo_trace(dir.path());
+    let pristine = std::fs::read(dat_path(dir.path(), 100, 0)).unwrap();
+    let t = open(dir.path()).unwrap();
+    let want = [items(&t, 100), items(&t, 101)];
+    let ends = [l.chunks[1], l.chunks[2], l.chunks[3], l.len];
+    let mut rng = Rng(0x5eed_f00d);
+    let rounds: usize = std::env::var("FTRAMP_DAMAGE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    for round in 0..rounds {
+        let k = rng.below(4);
+        let (start, end) = (l.chunks[k], ends[k]);
+        let mut b = pristine.clone();
+        let what = match rng.below(3) {
+            0 => {
+                for _ in 0..1 + rng.below(4) {
+                    let i = start + rng.below(end - start);
+                    b[i] ^= 1 << rng.below(8);
+                }
+                "bit flips"
+            }
+            1 => {
+                let i = start + rng.below(end - start);
+                let v = [0u8, 0xff, 0x80, 0x7f][rng.below(4)];
+                for x in &mut b[i..(i + 1 + rng.below(16)).min(end)] {
+                    *x = v;
+                }
+                "bytes overwritten"
+            }
+            _ => {
+                // The length, to the end of a later chunk or a few events more or less.
+                let len = (end - start - CHUNK_HEADER_SIZE) as i64;
+                let v = [
+                    (l.len - start - CHUNK_HEADER_SIZE) as i64,
+                    (ends[(k + 1).min(3)] - start - CHUNK_HEADER_SIZE) as i64,
+                    len + 8 * (1 + rng.below(6) as i64),
+                    len - 8 * (1 + rng.below(3) as i64),
+                ][rng.below(4)];
+                b[start + 16..start + 20].copy_from_slice(&(v.max(0) as u32).to_le_bytes());
+                "length changed"
+            }
+        };
+        // Not the tid, which moves the chunk to another thread (100 and 101 are a bit
+        // apart).
+        b[start + 8..start + 12].copy_from_slice(&pristine[start + 8..start + 12]);
+        std::fs::write(dat_path(dir.path(), 100, 0), &b).unwrap();
+        read_everything(dir.path());
+        let t = open(dir.path()).unwrap();
+        // Chunks 0 and 2 are thread 100's, 1 and 3 thread 101's.
+        let (other, i) = [(101, 1), (100, 0)][k % 2];
+        assert_eq!(items(&t, other), want[i], "round {round}: {what} in chunk {k}: {:#?}", messages(&t));
+    }
+}
+
 #[test]
 fn garbage_files_never_panic() {
     let mut rng = Rng(42);
