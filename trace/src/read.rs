@@ -419,10 +419,20 @@ impl Trace {
         }
 
         let info_path = dir.join("info");
-        let mut info_missing = false;
+        // What is wrong with `info` when its tracer is not known: said below, with the
+        // tracer the images' `.info` name.
+        let mut info_lacks = None;
         let mut info = if info_path.exists() || tasks.is_empty() {
-            match std::fs::read_to_string(&info_path) {
-                Ok(text) => parse_trace_info(&info_path, &text, &mut problems),
+            match read_text(&info_path, &mut problems) {
+                Ok(text) => {
+                    let info = parse_trace_info(&info_path, &text, &mut problems);
+                    if info.tracer.is_empty() {
+                        info_lacks = Some("no `tracer`".to_string());
+                    } else if !known_tracer(&info.tracer) {
+                        info_lacks = Some(format!("unknown tracer {:?}", info.tracer));
+                    }
+                    info
+                }
                 Err(_) if tasks.is_empty() => {
                     return Err(TraceError::Invalid {
                         path: dir.to_path_buf(),
@@ -435,12 +445,12 @@ impl Trace {
                         path: info_path.clone(),
                         error,
                     });
+                    info_lacks = Some("unreadable".to_string());
                     TraceInfo::default()
                 }
             }
         } else {
-            // Said below, with the tracer the images' own `.info` name.
-            info_missing = true;
+            info_lacks = Some("missing".to_string());
             TraceInfo::default()
         };
 
@@ -464,7 +474,7 @@ impl Trace {
             let mut start_ticks = None;
             let mut end_ticks = None;
             let calibrated = if have[0] {
-                match std::fs::read_to_string(&info_file) {
+                match read_text(&info_file, &mut problems) {
                     Ok(text) => {
                         p.info_empty = text.trim().is_empty();
                         let mut tracer = None;
@@ -522,17 +532,24 @@ impl Trace {
             processes.push((p, have[2], start_ticks, end_ticks));
         }
 
-        if info_missing {
+        if let Some(lacks) = info_lacks {
             image_tracers.sort();
             image_tracers.dedup();
+            let missing = lacks == "missing";
             let what = match image_tracers.as_slice() {
                 [t] if known_tracer(t) => {
                     info.tracer = t.clone();
-                    format!("missing; command unknown (tracer {t}, as the images' .info say)")
+                    if missing {
+                        format!("missing; command unknown (tracer {t}, as the images' .info say)")
+                    } else {
+                        format!("{lacks}; read as {t}, as the images' .info say")
+                    }
                 }
-                [] => "missing; tracer and command unknown (read as function_graph)".to_string(),
+                [] if missing => "missing; tracer and command unknown (read as function_graph)".to_string(),
+                [] => format!("{lacks}; read as function_graph"),
                 several => format!(
-                    "missing; command unknown, and the images' .info name tracers {} (read as function_graph)",
+                    "{lacks}{}, and the images' .info name tracers {} (read as function_graph)",
+                    if missing { "; command unknown" } else { "" },
                     several.join(", ")
                 ),
             };
@@ -667,6 +684,23 @@ fn end_unwritten_threads(p: &mut Process) {
 
 // ---- info files ----
 
+/// The text of an `info` or `.info` file; bytes that are not UTF-8 (damage) are
+/// reported and read as U+FFFD, so that only the lines they are on are lost.
+fn read_text(path: &Path, problems: &mut Vec<TraceError>) -> std::io::Result<String> {
+    let bytes = std::fs::read(path)?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            problems.push(TraceError::Corrupt {
+                path: path.to_path_buf(),
+                offset: e.utf8_error().valid_up_to() as u64,
+                what: "not UTF-8; read with U+FFFD in place of the bad bytes".into(),
+            });
+            String::from_utf8_lossy(e.as_bytes()).into_owned()
+        }
+    })
+}
+
 /// Parses TOML leniently: the whole text if it parses, else line by line (a crash can
 /// leave a half-written line, and appended keys may repeat; the last one wins).
 fn parse_toml_lenient(path: &Path, text: &str, problems: &mut Vec<TraceError>) -> toml::Table {
@@ -790,17 +824,6 @@ fn parse_trace_info(path: &Path, text: &str, problems: &mut Vec<TraceError>) -> 
                 info.options.insert(k.clone(), value_str(v));
             }
         }
-    }
-    if info.tracer.is_empty() {
-        problems.push(TraceError::Invalid {
-            path: path.to_path_buf(),
-            what: "no `tracer`; read as function_graph".into(),
-        });
-    } else if !known_tracer(&info.tracer) {
-        problems.push(TraceError::Invalid {
-            path: path.to_path_buf(),
-            what: format!("unknown tracer {:?}; read as function_graph", info.tracer),
-        });
     }
     info
 }
@@ -1072,6 +1095,22 @@ fn resync(dat: &DatReader, from: usize) -> std::io::Result<Option<usize>> {
     Ok(None)
 }
 
+/// The first valid chunk header inside a chunk's claimed payload `range`, at a whole
+/// number of events from its start (where the chunks that follow a chunk start).
+fn header_inside(dat: &DatReader, range: std::ops::Range<usize>, buf: &mut Vec<u8>) -> std::io::Result<Option<usize>> {
+    let start = range.start;
+    let bytes = dat.get(range, buf)?;
+    for (i, w) in bytes.chunks_exact(EVENT_SIZE).enumerate() {
+        if w[..CHUNK_MAGIC.len()] == CHUNK_MAGIC {
+            let at = start + i * EVENT_SIZE;
+            if let Some(Ok(_)) = header_at(dat, at)? {
+                return Ok(Some(at));
+            }
+        }
+    }
+    Ok(None)
+}
+
 fn plural(n: usize, what: &str) -> String {
     if n == 1 {
         format!("1 {what}")
@@ -1125,6 +1164,7 @@ fn find_chunks(
         };
     }
     let mut pos = 0usize;
+    let mut payload = Vec::new();
     while pos < len {
         let intact = plural(chunks.len(), "chunk");
         let header = match try_read!(header_at(dat, pos)) {
@@ -1196,6 +1236,18 @@ fn find_chunks(
                     end = start + have;
                 }
             }
+        } else if let Some(at) = try_read!(header_inside(dat, start..end, &mut payload)) {
+            // Its length is wrong: the chunk whose header is inside the claimed payload
+            // (and the chunks after it) would otherwise be read as its events.
+            problems.push(corrupt(
+                pos,
+                format!(
+                    "chunk of tid {} seq {} claims {} payload bytes, but a chunk header starts inside them at offset {at}: events up to it kept, reading goes on there",
+                    header.tid, header.seq, header.len
+                ),
+            ));
+            end = at;
+            next = at;
         }
         chunks.push(Chunk {
             offset: pos,

@@ -210,6 +210,38 @@ fn length_too_big_and_past_the_end() {
     assert_eq!(thread(&t, 101).events.len(), 5);
 }
 
+/// A length too big but inside the file (found by fuzzing): thread 101's first chunk
+/// claims the next chunk (thread 100 seq 1) as its payload, ending on the header of the
+/// chunk after it, or 8 bytes into that next chunk.  The swallowed chunk was read as
+/// thread 101's events, damaged at its header, and thread 100 lost its second chunk.
+#[test]
+fn a_length_too_big_inside_the_file_does_not_swallow_the_next_chunk() {
+    let claimed_ends = |l: &DemoLayout| [l.chunks[3], l.chunks[2] + 8];
+    for which in 0..2 {
+        let dir = tempdir();
+        let l = demo_trace(dir.path());
+        let len = (claimed_ends(&l)[which] - l.chunks[1] - CHUNK_HEADER_SIZE) as u32;
+        edit_dat(dir.path(), |b| {
+            b[l.chunks[1] + 16..l.chunks[1] + 20].copy_from_slice(&len.to_le_bytes())
+        });
+        let t = open(dir.path()).unwrap();
+        let m = only_problem(&t);
+        assert_eq!(
+            m,
+            format!(
+                "{}: offset {}: chunk of tid 101 seq 0 claims {len} payload bytes, but a chunk header starts inside them at offset {}: events up to it kept, reading goes on there",
+                dat_path(dir.path(), 100, 0).display(),
+                l.chunks[1],
+                l.chunks[2]
+            )
+        );
+        let mut out = Vec::new();
+        replay::replay(&t, &ReplayOptions::default(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.split_once('\n').unwrap().1, DEMO_REPLAY, "claimed end {which}");
+    }
+}
+
 #[test]
 fn missing_sym_shows_ids() {
     let dir = tempdir();
@@ -351,6 +383,74 @@ fn missing_or_bad_info() {
         assert!(only_problem(&t).contains(want), "{tracers:?}: {}", only_problem(&t));
         assert_eq!(t.info.has_exits(), has_exits, "{tracers:?}");
     }
+}
+
+/// One byte that is not UTF-8 in `info` or a `.info` (found by fuzzing) lost the whole
+/// file: a `function` trace was then read as function_graph (every call nested in the
+/// one before: `replay` of a 700 KB trace wrote gigabytes), and a process lost its
+/// calibration.  Now only the damaged line is lost; and when `info` names no known tracer,
+/// the one the images' `.info` name is used, as when `info` is missing.
+#[test]
+fn a_bad_byte_in_an_info_file_loses_only_its_line() {
+    let with_tracer = |dir: &Path| {
+        for pid in [100, 102] {
+            let path = dir.join(format::task_file_name(pid, 0, "info"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            std::fs::write(&path, format!("{text}tracer = \"function\"\n")).unwrap();
+        }
+    };
+    // `info` of a function trace, a bad byte in its command.
+    let dir = tempdir();
+    demo_trace(dir.path());
+    with_tracer(dir.path());
+    let info = dir.path().join("info");
+    let text = std::fs::read_to_string(&info).unwrap().replace("tracer = \"function_graph\"", "tracer = \"function\"");
+    let at = text.find("demo").unwrap();
+    let mut bytes = text.into_bytes();
+    bytes[at] = 0xff;
+    std::fs::write(&info, &bytes).unwrap();
+    let t = open(dir.path()).unwrap();
+    assert_eq!(
+        only_problem(&t),
+        format!("{}: offset {at}: not UTF-8; read with U+FFFD in place of the bad bytes", info.display())
+    );
+    assert!(!t.info.has_exits());
+    assert_eq!(t.info.command, ["\u{fffd}emo", "x"]);
+
+    // Its tracer line damaged (a quote become a bad byte): the images' tracer.
+    let dir = tempdir();
+    demo_trace(dir.path());
+    with_tracer(dir.path());
+    let info = dir.path().join("info");
+    let mut bytes = std::fs::read(&info).unwrap();
+    let at = bytes.windows(9).position(|w| w == b"= \"functi").unwrap() + 2;
+    bytes[at] = 0xc3;
+    std::fs::write(&info, &bytes).unwrap();
+    let t = open(dir.path()).unwrap();
+    let m = messages(&t);
+    assert_eq!(m.len(), 3, "{m:#?}");
+    assert_eq!(m[0], format!("{}: offset {at}: not UTF-8; read with U+FFFD in place of the bad bytes", info.display()));
+    assert!(m[1].starts_with(&format!("{}: line 2: not `key = value` TOML", info.display())), "{}", m[1]);
+    assert_eq!(m[2], format!("{}: no `tracer`; read as function, as the images' .info say", info.display()));
+    assert!(!t.info.has_exits());
+    assert_eq!(t.info.command, ["demo", "x"]);
+
+    // A process's .info, a bad byte in its exe: its calibration and exit are kept.
+    let dir = tempdir();
+    demo_trace(dir.path());
+    let pinfo = dir.path().join(format::task_file_name(100, 0, "info"));
+    let mut bytes = std::fs::read(&pinfo).unwrap();
+    let at = bytes.windows(4).position(|w| w == b"demo").unwrap();
+    bytes[at] = 0x80;
+    std::fs::write(&pinfo, &bytes).unwrap();
+    let t = open(dir.path()).unwrap();
+    assert_eq!(
+        only_problem(&t),
+        format!("{}: offset {at}: not UTF-8; read with U+FFFD in place of the bad bytes", pinfo.display())
+    );
+    let p = &t.processes[0];
+    assert_eq!((p.pid, p.exe.as_str(), p.exit.as_deref()), (100, "/bin/\u{fffd}emo", Some("code 0")));
+    assert_eq!(thread(&t, 100).events[11].ns, BASE_NS + 2_020_000);
 }
 
 #[test]
@@ -525,6 +625,75 @@ fn random_damage_never_panics() {
             .1
             .len()
     );
+}
+
+/// Damage to one chunk of the shared `.dat` (bit flips, bytes overwritten, its length set
+/// to other values: anything but its tid, which moves it to another thread) leaves the
+/// other thread's events and losses as they were, and renders without a panic.  (A
+/// length grown over the next chunk took that chunk from the other thread until the
+/// reader looked for headers inside a claimed payload.)
+#[test]
+fn damage_to_one_chunk_leaves_the_other_thread_intact() {
+    use ftramp_trace::read::Item;
+    let items = |t: &Trace, tid: u32| {
+        let mut v: Vec<Item> = Vec::new();
+        thread(t, tid).for_each(|i| v.push(i));
+        v
+    };
+    let dir = tempdir();
+    let l = demo_trace(dir.path());
+    let pristine = std::fs::read(dat_path(dir.path(), 100, 0)).unwrap();
+    let t = open(dir.path()).unwrap();
+    let want = [items(&t, 100), items(&t, 101)];
+    let ends = [l.chunks[1], l.chunks[2], l.chunks[3], l.len];
+    let mut rng = Rng(0x5eed_f00d);
+    let rounds: usize = std::env::var("FTRAMP_DAMAGE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    for round in 0..rounds {
+        let k = rng.below(4);
+        let (start, end) = (l.chunks[k], ends[k]);
+        let mut b = pristine.clone();
+        let what = match rng.below(3) {
+            0 => {
+                for _ in 0..1 + rng.below(4) {
+                    let i = start + rng.below(end - start);
+                    b[i] ^= 1 << rng.below(8);
+                }
+                "bit flips"
+            }
+            1 => {
+                let i = start + rng.below(end - start);
+                let v = [0u8, 0xff, 0x80, 0x7f][rng.below(4)];
+                for x in &mut b[i..(i + 1 + rng.below(16)).min(end)] {
+                    *x = v;
+                }
+                "bytes overwritten"
+            }
+            _ => {
+                // The length, to the end of a later chunk or a few events more or less.
+                let len = (end - start - CHUNK_HEADER_SIZE) as i64;
+                let v = [
+                    (l.len - start - CHUNK_HEADER_SIZE) as i64,
+                    (ends[(k + 1).min(3)] - start - CHUNK_HEADER_SIZE) as i64,
+                    len + 8 * (1 + rng.below(6) as i64),
+                    len - 8 * (1 + rng.below(3) as i64),
+                ][rng.below(4)];
+                b[start + 16..start + 20].copy_from_slice(&(v.max(0) as u32).to_le_bytes());
+                "length changed"
+            }
+        };
+        // Not the tid, which moves the chunk to another thread (100 and 101 are a bit
+        // apart).
+        b[start + 8..start + 12].copy_from_slice(&pristine[start + 8..start + 12]);
+        std::fs::write(dat_path(dir.path(), 100, 0), &b).unwrap();
+        read_everything(dir.path());
+        let t = open(dir.path()).unwrap();
+        // Chunks 0 and 2 are thread 100's, 1 and 3 thread 101's.
+        let (other, i) = [(101, 1), (100, 0)][k % 2];
+        assert_eq!(items(&t, other), want[i], "round {round}: {what} in chunk {k}: {:#?}", messages(&t));
+    }
 }
 
 #[test]
