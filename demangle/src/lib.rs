@@ -6,6 +6,12 @@
 //! Like uftrace's default (`--demangle=simple`): C++ (`_Z…`) without
 //! parameter lists or return types, Rust (`_R…`, or legacy `_ZN…17h<hash>E`)
 //! without the hash.
+//!
+//! And the one rule for the patterns that select functions by those names
+//! ([`NamePattern`]), in the runtime's filters and in replay's.
+
+pub mod pattern;
+pub use pattern::NamePattern;
 
 /// The readable name of a mangled symbol, like uftrace's default (`--demangle=simple`):
 /// C++ (`_Z...`) without parameter lists, Rust (`_R...`, or `_ZN...17h<hash>E`) without
