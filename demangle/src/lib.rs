@@ -48,6 +48,30 @@ fn legacy_rust_hash_end(raw: &str) -> Option<usize> {
     })
 }
 
+/// What tells apart Rust symbols that [`demangle`] names alike: the same function copied
+/// into several crates of one binary (generic or inline code, as each crate instantiates
+/// it) has one name and a symbol per crate.  For a v0 symbol the crate that instantiated
+/// it (`crate textwrap` for `…11finish_growCslyTRVWRdONb_8textwrap`), for a legacy one its
+/// hash (`h0123456789abcdef`); `None` for other symbols, and for a v0 one whose
+/// instantiating crate is not written out.
+pub fn rust_instance(raw: &str) -> Option<String> {
+    if let Some(end) = raw.starts_with("_ZN").then(|| legacy_rust_hash_end(raw)).flatten() {
+        return Some(raw[end - 18..end - 1].to_string());
+    }
+    let core = raw.strip_prefix("_R")?.split('.').next()?;
+    let name = rustc_demangle::try_demangle(raw).ok().map(|d| format!("{d:#}"))?;
+    // `Cs<disambiguator>_<length><crate>` at the end, and the symbol without it is the same
+    // function (rustc-demangle leaves the instantiating crate out).
+    core.match_indices("Cs").find_map(|(at, _)| {
+        let (hash, rest) = core[at + 2..].split_once('_')?;
+        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+        let krate = &rest[digits..];
+        let whole = hash.bytes().all(|c| c.is_ascii_alphanumeric()) && rest[..digits].parse() == Ok(krate.len());
+        let same = || rustc_demangle::try_demangle(&format!("_R{}", &core[..at])).is_ok_and(|d| format!("{d:#}") == name);
+        (whole && !krate.is_empty() && same()).then(|| format!("crate {krate}"))
+    })
+}
+
 /// [`demangle`] with the parameters kept (`N::load(char const*)`), to tell overloads
 /// apart; Rust symbols have none.
 pub fn demangle_with_params(raw: &str) -> Option<String> {
@@ -93,6 +117,24 @@ mod tests {
         assert_eq!(demangle("_ZN5smini3geo4show17h34d2c47dbe0c315dE.llvm.99").as_deref(), Some("smini::geo::show"));
         // A C++ symbol with something like a hash in it stays C++.
         assert_eq!(demangle("_ZN3foo17h0123456789abcdefEv").as_deref(), Some("foo::h0123456789abcdef"));
+    }
+
+    /// The copies of one function in several crates are told apart by the crate that
+    /// instantiated them (v0) or their hash (legacy); other symbols have nothing to add.
+    #[test]
+    fn rust_instances_by_crate_or_hash() {
+        let finish_grow = "_RNvMs4_NtCsbEht8wFNRx7_5alloc7raw_vecNtB5_11RawVecInner11finish_grow";
+        for (krate, tail) in [("textwrap", "CslyTRVWRdONb_8textwrap.llvm.15439000132138301033"), ("grep_searcher", "Cs1qoVIptFhZX_13grep_searcher")] {
+            let raw = format!("{finish_grow}{tail}");
+            assert_eq!(demangle(&raw).as_deref(), Some("<alloc::raw_vec::RawVecInner>::finish_grow"));
+            assert_eq!(rust_instance(&raw), Some(format!("crate {krate}")));
+        }
+        assert_eq!(rust_instance("_ZN5smini3geo4show17h34d2c47dbe0c315dE.llvm.99").as_deref(), Some("h34d2c47dbe0c315d"));
+        // No instantiating crate: the last `Cs` is the path's own crate.
+        assert_eq!(rust_instance("_RNvCs1234_7mycrate3foo"), None);
+        assert_eq!(rust_instance("_RNvMCsdVKqR98ewWj_4miniINtB2_6HolderShE4showB2_"), None);
+        assert_eq!(rust_instance("_ZN1N4loadEi"), None);
+        assert_eq!(rust_instance("main"), None);
     }
 
     #[test]
