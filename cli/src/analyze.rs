@@ -105,7 +105,9 @@ impl Source {
 pub struct ReplayArgs {
     #[command(flatten)]
     source: Source,
-    /// Show only the calls of matching functions and what they call (glob; repeatable).
+    /// Show only the calls of matching functions and what they call (glob or
+    /// name, as for `ftramp record -F`: a name matches itself, braces are
+    /// plain, `\[` is a plain `[`; repeatable).
     #[arg(short = 'F', long = "filter", value_name = "GLOB")]
     filter: Vec<String>,
     /// Hide matching functions and what they call (glob; repeatable).

@@ -32,7 +32,9 @@ pub struct RecordArgs {
     /// Trace only these functions (glob or name; repeatable).  A glob or
     /// name matches the raw symbol or the name `ftramp replay` shows: C++
     /// and Rust names demangled, without parameters or hash (`ns::load`,
-    /// `'ns::*'`, `'mycrate::*'`, or a mangled `_ZN2ns4loadEPKc`).
+    /// `'ns::*'`, `'mycrate::*'`, or a mangled `_ZN2ns4loadEPKc`).  `*`, `?`
+    /// and `[...]` are wildcards, `\[` a plain `[`; braces are plain
+    /// (`'std::rt::*::{closure#0}'`); a name matches itself, `[` or not.
     #[arg(short = 'F', long = "filter", value_name = "GLOB")]
     filter: Vec<String>,
     /// Do not trace these functions (glob or name, as for -F; repeatable).

@@ -258,13 +258,11 @@ fn errors_name_the_input() {
         "{}",
         text(&o.stderr)
     );
+    // An unclosed `[` is a plain one (as in ftrace): `-F '[a'` is a name, which the demo
+    // does not have (refused as a bad glob until the twenty-eighth session).
     let o = ftramp(&["replay", "-d", d(dir.path()), "-F", "[a"]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        text(&o.stderr).contains("bad function glob \"[a\""),
-        "{}",
-        text(&o.stderr)
-    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(!text(&o.stdout).contains("worker"), "{}", text(&o.stdout));
     let o = ftramp(&["replay", "-d", d(dir.path()), "--tid", "999"]);
     assert_eq!(o.status.code(), Some(1));
     let err = text(&o.stderr);

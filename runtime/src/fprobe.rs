@@ -281,7 +281,7 @@ pub fn register_fprobe(fp: &Arc<Fprobe>, filter: &str, notfilter: Option<&str>) 
     let parse = |text: &str| -> Result<Filter, FprobeError> {
         let mut f = Filter::new();
         for item in text.split([' ', ',', '\t', '\n']).filter(|s| !s.is_empty()) {
-            f = if item.contains(['*', '?', '[']) { f.glob(item)? } else { f.symbol(item) };
+            f = if ftramp_demangle::NamePattern::is_glob(item) { f.glob(item)? } else { f.symbol(item) };
         }
         Ok(f)
     };

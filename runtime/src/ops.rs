@@ -14,11 +14,12 @@
 //! Filters follow Linux's `set_ftrace_filter` / `set_ftrace_notrace`: an
 //! empty filter traces every function; `notrace` removes functions from
 //! it.  Each filter item is a site or function address, an exact symbol
-//! name, or a glob (`*`, `?`, `[...]`).
+//! name, or a glob (`*`, `?`, `[...]`; `{`/`}` are plain characters, and a
+//! glob also matches the name equal to it: [`NamePattern`]).
 
 use crate::regs::FtraceRegs;
 use crate::sites::Site;
-use globset::{Glob, GlobMatcher};
+use ftramp_demangle::NamePattern;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The callback: `(ip, parent_ip, op, fregs)`, as Linux's `ftrace_func_t`.
@@ -73,8 +74,9 @@ pub enum FilterItem {
     Addr(usize),
     /// An exact name: the raw symbol or its readable (demangled) one.
     Symbol(String, NameWords),
-    /// A glob over the raw symbols and their readable names.
-    Glob(GlobMatcher, NameWords),
+    /// A glob over the raw symbols and their readable names (and, as a
+    /// name, itself: `<mini::Holder<[u8]>>::show`).
+    Glob(NamePattern, NameWords),
 }
 
 /// The source identifiers a readable name must contain to match a filter
@@ -84,7 +86,8 @@ pub enum FilterItem {
 /// for that item: demangling costs about 5 µs per C++ symbol, which a
 /// filter would otherwise pay for every site of a large program at every
 /// refresh.  Left out, since a mangling may not spell them: words inside
-/// `[…]` and `{…}` (glob classes and alternatives), numbers and literals,
+/// `[…]` (glob classes, or slice types a mangling spells its own way) and
+/// `{…}` (`{closure#0}`, `{lambda(int)#1}`), numbers and literals,
 /// lifetimes, and the words a demangler writes itself or any piece of one
 /// (builtin types, `std` and its abbreviated templates, `operator`, thunk
 /// and clone notes, closures).  A pattern with an escape has no words.
@@ -163,7 +166,7 @@ impl std::fmt::Display for Filter {
             match item {
                 FilterItem::Addr(a) => write!(f, "{sep}`{a:#x}`")?,
                 FilterItem::Symbol(name, _) => write!(f, "{sep}`{name}`")?,
-                FilterItem::Glob(m, _) => write!(f, "{sep}`{}`", m.glob())?,
+                FilterItem::Glob(m, _) => write!(f, "{sep}`{}`", m.as_str())?,
             }
         }
         Ok(())
@@ -205,15 +208,19 @@ impl Filter {
         self
     }
 
-    /// Adds a glob (`tracee_*`, `foo?`, `[ab]*`).
+    /// Adds a glob (`tracee_*`, `foo?`, `[ab]*`), which also matches the name
+    /// equal to it ([`NamePattern`]: one that is no glob, `f[z-a]`, matches
+    /// only that name).
     pub fn glob(mut self, pattern: &str) -> Result<Filter, FilterError> {
-        let g = Glob::new(pattern).map_err(|e| FilterError { item: pattern.to_string(), why: e.kind().to_string() })?;
-        self.items.push(FilterItem::Glob(g.compile_matcher(), NameWords::of(pattern)));
+        self.items.push(FilterItem::Glob(NamePattern::new(pattern), NameWords::of(pattern)));
         Ok(self)
     }
 
     /// Parses one item as Linux's filter files would: `0x…` is an address,
-    /// text with `*?[` a glob, anything else a symbol.
+    /// text with `*?[` (or a `\` escape) a glob, anything else a symbol.
+    /// Until the twenty-eighth session a name with `[` (`<mini::Holder<[u8]>>::show`)
+    /// was a glob only and did not match itself, and braces in a glob were
+    /// alternatives (`std::rt::*::{closure#0}` matched nothing).
     pub fn parse(mut self, item: &str) -> Result<Filter, FilterError> {
         let item = item.trim();
         if item.is_empty() {
@@ -224,7 +231,7 @@ impl Filter {
             self.items.push(FilterItem::Addr(a));
             return Ok(self);
         }
-        if item.contains(['*', '?', '[']) {
+        if NamePattern::is_glob(item) {
             return self.glob(item);
         }
         self.items.push(FilterItem::Symbol(item.to_string(), NameWords::of(item)));
@@ -244,7 +251,7 @@ impl Filter {
         self.items.iter().any(|i| match i {
             FilterItem::Addr(a) => *a == site.addr || *a == func_addr || *a == site.record,
             FilterItem::Symbol(s, w) => name_is(w, &|n| n == s),
-            FilterItem::Glob(g, w) => name_is(w, &|n| g.is_match(n)),
+            FilterItem::Glob(g, w) => name_is(w, &|n| g.matches(n)),
         })
     }
 }
@@ -406,6 +413,10 @@ mod tests {
             "_Z4funcILi100EEvv",
             "_ZN3Foo3barIPFviEEEvT_",
             "_ZN2ns3FooIlE3getEv",
+            "_RNvMCsdVKqR98ewWj_4miniINtB2_6HolderShE4showB2_",
+            "_RNCINvNtCsi4IsKQVxMg0_3std2rt10lang_startuE0CsdVKqR98ewWj_4mini",
+            "_ZN52_$LT$smini..geo..Sq$u20$as$u20$smini..geo..Shape$GT$4area17ha227a8c9b283eb15E",
+            "_ZNSt6vectorIiSaIiEEixEm",
         ];
         let mut checked = 0;
         for raw in symbols {
@@ -419,7 +430,8 @@ mod tests {
                     patterns.push(format!("*{}*", chars[i..j].iter().collect::<String>()));
                 }
             }
-            for p in patterns.iter().filter(|p| !p.contains(['[', ']', '{', '}', '?', '\\'])) {
+            // Braces are plain characters; a name with `[` is a pattern for itself.
+            for p in patterns.iter().filter(|p| !p.contains(['?', '\\']) && (!p.contains(['[', ']']) || **p == name)) {
                 let words = NameWords::of(p);
                 assert!(words.spelled_in(raw), "`{p}` matches {name} but requires {:?} of {raw}", words.0);
                 checked += 1;

@@ -879,6 +879,40 @@ mod tests {
         }
     }
 
+    /// A name as replay shows it is a filter that selects it, also with `[`
+    /// (slices: `[u8]` is a glob class besides) or `{closure#0}` (braces are
+    /// plain characters, in globs too), and a legacy Rust name whose symbol
+    /// spells `::` as `..`: until the twenty-eighth session they matched nothing.
+    #[test]
+    fn filters_match_names_with_brackets_braces_and_legacy_paths() {
+        use crate::ops::Filter;
+        let f = |item: &str| Filter::new().parse(item).unwrap();
+        let slice = site_named(Some("_RNvMCsdVKqR98ewWj_4miniINtB2_6HolderShE4showB2_"));
+        let closure = site_named(Some("_RNCINvNtCsi4IsKQVxMg0_3std2rt10lang_startuE0CsdVKqR98ewWj_4mini"));
+        let legacy = site_named(Some("_ZN52_$LT$smini..geo..Sq$u20$as$u20$smini..geo..Shape$GT$4area17ha227a8c9b283eb15E"));
+        let operator = site_named(Some("_ZNSt6vectorIiSaIiEEixEm"));
+        assert_eq!(slice.demangled(), Some("<mini::Holder<[u8]>>::show"));
+        assert_eq!(closure.demangled(), Some("std::rt::lang_start::<()>::{closure#0}"));
+        assert_eq!(legacy.demangled(), Some("<smini::geo::Sq as smini::geo::Shape>::area"));
+        assert_eq!(operator.demangled(), Some("std::vector<int, std::allocator<int> >::operator[]"));
+        for (filter, hits) in [
+            ("<mini::Holder<[u8]>>::show", [true, false, false, false]),
+            ("<mini::Holder<\\[u8\\]>>::show", [true, false, false, false]),
+            // In a glob that is not the name itself, `[u8]` is a class: `\[` is a plain `[`.
+            ("<mini::Holder<[u8]>>::*", [false, false, false, false]),
+            ("<mini::Holder<\\[u8\\]>>::*", [true, false, false, false]),
+            ("std::rt::lang_start::<()>::{closure#0}", [false, true, false, false]),
+            ("std::rt::*::{closure#0}", [false, true, false, false]),
+            ("std::rt::*::{closure#1}", [false, false, false, false]),
+            ("<smini::geo::Sq?as?smini::geo::Shape>::area", [false, false, true, false]),
+            ("<smini::*>::area", [false, false, true, false]),
+            ("*::operator[]", [false, false, false, true]),
+        ] {
+            let got = [&slice, &closure, &legacy, &operator].map(|s| f(filter).matches(s));
+            assert_eq!(got, hits, "{filter}");
+        }
+    }
+
     #[test]
     fn nop_units_of_every_spec() {
         for arch in ["x86_64", "aarch64", "riscv64", "ppc64le", "s390x"] {

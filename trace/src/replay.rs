@@ -22,7 +22,6 @@
 
 use crate::calls::{End, Step, Walk};
 use crate::read::{Process, Thread, Trace};
-use globset::{GlobSet, GlobSetBuilder};
 use std::io::{self, Write};
 
 /// Which processes and threads to show.
@@ -60,46 +59,30 @@ impl Select {
     }
 }
 
-/// Function-name globs (`*`, `?`, `[...]`), e.g. `-F 'foo*'`.
-#[derive(Debug, Clone)]
+/// Function-name globs (`*`, `?`, `[...]`), e.g. `-F 'foo*'`, by the rule of `ftramp
+/// record`'s filters ([`NamePattern`](ftramp_demangle::NamePattern)): a pattern matches the
+/// name equal to it (`<mini::Holder<[u8]>>::show`), and `{`/`}` are plain characters
+/// (`std::rt::lang_start::<()>::{closure#0}`; until the twenty-eighth session replay took
+/// them as alternatives and such names selected nothing: `globs`).
+#[derive(Debug, Clone, Default)]
 pub struct Globs {
-    set: GlobSet,
-    empty: bool,
+    patterns: Vec<ftramp_demangle::NamePattern>,
 }
 
 impl Globs {
-    /// Compiles `patterns`; the error names the bad pattern.
+    /// Compiles `patterns` (a pattern that is no glob, `f[z-a]`, is a name).
     pub fn new(patterns: &[String]) -> Result<Globs, String> {
-        let mut b = GlobSetBuilder::new();
-        for p in patterns {
-            let g = globset::GlobBuilder::new(p)
-                .literal_separator(false)
-                .build()
-                .map_err(|e| format!("bad function glob {p:?}: {}", e.kind()))?;
-            b.add(g);
-        }
-        let set = b.build().map_err(|e| format!("bad function globs: {e}"))?;
         Ok(Globs {
-            set,
-            empty: patterns.is_empty(),
+            patterns: patterns.iter().map(|p| ftramp_demangle::NamePattern::new(p)).collect(),
         })
     }
 
     pub fn is_empty(&self) -> bool {
-        self.empty
+        self.patterns.is_empty()
     }
 
     pub fn matches(&self, name: &str) -> bool {
-        !self.empty && self.set.is_match(name)
-    }
-}
-
-impl Default for Globs {
-    fn default() -> Globs {
-        Globs {
-            set: GlobSet::empty(),
-            empty: true,
-        }
+        self.patterns.iter().any(|p| p.matches(name))
     }
 }
 
@@ -838,6 +821,11 @@ mod tests {
         let g = Globs::new(&["foo*".into(), "b?r".into()]).unwrap();
         assert!(g.matches("foobar") && g.matches("bar") && !g.matches("baar"));
         assert!(!Globs::default().matches("x"));
-        assert!(Globs::new(&["[".into()]).unwrap_err().contains("\"[\""));
+        // A name is its own pattern, `[` or not; braces are plain characters.
+        let g = Globs::new(&["<mini::Holder<[u8]>>::show".into(), "std::rt::*::{closure#0}".into(), "[".into()]).unwrap();
+        assert!(g.matches("<mini::Holder<[u8]>>::show") && g.matches("[") && !g.matches("<mini::Holder<[u16]>>::show"));
+        assert!(g.matches("std::rt::lang_start::<()>::{closure#0}") && !g.matches("std::rt::lang_start::<()>::closure#0"));
+        let exact = Globs::new(&["std::rt::lang_start::<()>::{closure#0}".into()]).unwrap();
+        assert!(exact.matches("std::rt::lang_start::<()>::{closure#0}"));
     }
 }

@@ -127,7 +127,12 @@ pub fn stats(trace: &Trace, select: &Select) -> Vec<FuncStats> {
 }
 
 /// Each row's name: without parameters where that is unique, else with them, else
-/// followed by its module's file name.
+/// followed by its module's file name, else by what sets its Rust symbol apart (the crate
+/// that instantiated it: `<alloc::raw_vec::RawVecInner>::finish_grow [rg] (crate textwrap)`,
+/// or the hash of a legacy symbol), else by a number (`#1`, `#2`, in the order of the raw
+/// symbols and modules).  Until the twenty-eighth session the copies of one Rust function
+/// in several crates read the same (7 rows of `…::finish_grow [rg]` for ripgrep; test
+/// `report_tells_apart_copies_of_one_function`).
 fn row_names(rows: &[Row]) -> Vec<String> {
     let count = |names: &[String]| {
         let mut n: HashMap<&str, usize> = HashMap::new();
@@ -151,6 +156,24 @@ fn row_names(rows: &[Row]) -> Vec<String> {
             let file = r.module.rsplit('/').next().unwrap_or(&r.module);
             names[i] = format!("{} [{file}]", names[i]);
         }
+    }
+    let shared = count(&names);
+    for (i, r) in rows.iter().enumerate() {
+        if shared[i] > 1 {
+            if let Some(tag) = ftramp_demangle::rust_instance(&r.raw) {
+                names[i] = format!("{} ({tag})", names[i]);
+            }
+        }
+    }
+    let shared = count(&names);
+    let mut alike: Vec<usize> = (0..rows.len()).filter(|&i| shared[i] > 1).collect();
+    alike.sort_by(|&a, &b| (&names[a], &rows[a].raw, &rows[a].module).cmp(&(&names[b], &rows[b].raw, &rows[b].module)));
+    let mut number = vec![0; rows.len()];
+    for (k, &i) in alike.iter().enumerate() {
+        number[i] = if k > 0 && names[alike[k - 1]] == names[i] { number[alike[k - 1]] + 1 } else { 1 };
+    }
+    for &i in &alike {
+        names[i] = format!("{} #{}", names[i], number[i]);
     }
     names
 }

@@ -481,6 +481,53 @@ fn report_keeps_overloads_and_namesakes_apart() {
     assert_eq!(ftramp_trace::read::demangle("_ZN1N4loadEi").as_deref(), Some("N::load"));
 }
 
+/// Rows that would read the same are told apart: the copies of one Rust function that
+/// several crates instantiated by that crate (v0) or hash (legacy), namesakes of two
+/// modules with one file name by a number; a name shared by nothing stays as it is.
+/// (Until the twenty-eighth session ripgrep's report had 7 rows reading
+/// `<alloc::raw_vec::RawVecInner>::finish_grow [rg]`.)
+#[test]
+fn report_tells_apart_copies_of_one_function() {
+    let dir = tempdir();
+    let d = dir.path();
+    write_info(d, "function_graph", &["rg"]);
+    let grow = "_RNvMs4_NtCsbEht8wFNRx7_5alloc7raw_vecNtB5_11RawVecInner11finish_grow";
+    let syms = [
+        ("main".to_string(), "/bin/rg"),
+        (format!("{grow}CslyTRVWRdONb_8textwrap.llvm.15439000132138301033"), "/bin/rg"),
+        (format!("{grow}Cs1Y9xKjMFv6z_10grep_regex.llvm.10828198360505401726"), "/bin/rg"),
+        (format!("{grow}Cs1qoVIptFhZX_13grep_searcher"), "/bin/rg"),
+        ("_ZN5smini3geo4show17h34d2c47dbe0c315dE".to_string(), "/bin/rg"),
+        ("_ZN5smini3geo4show17h0123456789abcdefE".to_string(), "/bin/rg"),
+        ("helper".to_string(), "/a/libx.so"),
+        ("helper".to_string(), "/b/libx.so"),
+    ];
+    write_process_info(d, 7, 0, 1, "/bin/rg", None, "");
+    let mut f = std::fs::File::create(d.join(format::task_file_name(7, 0, "sym"))).unwrap();
+    for (i, (name, module)) in syms.iter().enumerate() {
+        let l = format::SymLine { id: i as u32, addr: 0x1000 + 0x10 * i as u64, size: 16, symbol: name.clone(), module: module.to_string() };
+        std::io::Write::write_all(&mut f, format!("{}\n", l.to_line()).as_bytes()).unwrap();
+    }
+    let ev: Vec<_> = (0..syms.len() as u32).flat_map(|i| [entry(i, 1), exit(i, 1)]).collect();
+    std::fs::write(dat_path(d, 7, 0), chunk(7, 0, 0, 0, 0, &ev)).unwrap();
+    let t = open(d).unwrap();
+    let mut names: Vec<String> = report::stats(&t, &Select::default()).into_iter().map(|s| s.name).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "<alloc::raw_vec::RawVecInner>::finish_grow [rg] (crate grep_regex)",
+            "<alloc::raw_vec::RawVecInner>::finish_grow [rg] (crate grep_searcher)",
+            "<alloc::raw_vec::RawVecInner>::finish_grow [rg] (crate textwrap)",
+            "helper [libx.so] #1",
+            "helper [libx.so] #2",
+            "main",
+            "smini::geo::show [rg] (h0123456789abcdef)",
+            "smini::geo::show [rg] (h34d2c47dbe0c315d)",
+        ]
+    );
+}
+
 #[test]
 fn folded_exact() {
     let dir = tempdir();
