@@ -164,6 +164,11 @@ fn as_seen(sig: c_int, a: libc::sigaction) -> libc::sigaction {
 /// As `sigaction`: `act` and `old` are null or valid.
 #[no_mangle]
 pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+    // SAFETY: `act` and `old` are null or valid (the caller's contract).
+    if sig == libc::SIGTRAP && ftramp_runtime::patch::program_sigtrap_action(unsafe { act.as_ref() }, unsafe { old.as_mut() }) {
+        // The patcher's handler stays; foreign traps get the program's action.
+        return 0;
+    }
     if !stands_in_for(sig) {
         return real_sigaction(sig, act, old);
     }
@@ -260,6 +265,17 @@ fn set_handler(
     handler: libc::sighandler_t,
     libc_set: impl FnOnce(c_int, libc::sighandler_t) -> libc::sighandler_t,
 ) -> libc::sighandler_t {
+    if sig == libc::SIGTRAP && handler != libc::SIG_ERR {
+        // As `signal` sets it (BSD semantics), kept by the patcher (see
+        // [`sigaction`]).
+        // SAFETY: sigaction is plain data; all-zero is a valid value.
+        let (mut act, mut old): (libc::sigaction, libc::sigaction) = unsafe { std::mem::zeroed() };
+        act.sa_sigaction = handler;
+        act.sa_flags = libc::SA_RESTART;
+        if ftramp_runtime::patch::program_sigtrap_action(Some(&act), Some(&mut old)) {
+            return old.sa_sigaction;
+        }
+    }
     let prev = if stands_in_for(sig) && handler == libc::SIG_DFL {
         // SAFETY: sigaction is plain data; all-zero is a valid value.
         let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };

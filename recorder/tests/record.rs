@@ -1666,6 +1666,30 @@ fn a_filter_naming_only_functions_of_a_later_library_records_them_quietly() {
 /// glibc's own names (`alloc.rs`); the few calls the start of a helper
 /// thread makes (Rust's thread start registering its thread-local
 /// destructors through libc) happen while the thread that spawns it waits.
+/// A program that sets SIGTRAP's action (its own handler, `SIG_IGN`, `SIG_DFL`)
+/// and later loads a library with sites while a thread calls traced code:
+/// the library is patched live, the program's handler sees none of the
+/// patcher's signals, a query answers its own action, and its own SIGTRAP
+/// gets that action (counted, ignored, or the process dies of it) as
+/// untraced.  Until the twenty-eighth session its `signal(SIGTRAP, …)`
+/// replaced the patcher's handler: each patch batch then stalled 10 s and
+/// its signals went to the program's handler, or killed the process (a
+/// helper's CPython run, `signal.signal(SIGTRAP, h)` and an import).
+#[test]
+fn a_program_setting_sigtrap_keeps_live_patching_working() {
+    use std::os::unix::process::ExitStatusExt;
+    let b = built();
+    for how in ["handler", "ign", "dfl"] {
+        let args = ["dlopen-sigtrap", b.lib.to_str().unwrap(), how];
+        let untraced = run_untraced(&b.tracee, &args);
+        assert!(String::from_utf8_lossy(&untraced.stdout).contains("action kept 1\ntraps before raise 0\n"), "{how}: {untraced:?}");
+        let (dir, out) = record_tracee(&format!("sigtrap-{how}"), "function_graph", &args, &[]);
+        assert_eq!((&out.stdout, out.status.code(), out.status.signal()), (&untraced.stdout, untraced.status.code(), untraced.status.signal()), "{how}: as untraced; {}", String::from_utf8_lossy(&out.stderr));
+        let got = per_function(&open(&dir).processes[0]);
+        assert_eq!((count(&got, "reclib_sum"), count(&got, "reclib_add")), ((1, 1), (20, 20)), "{how}: the library was patched");
+    }
+}
+
 /// The calls a thread makes after its last exit hook (glibc's own cleanup
 /// calls the program's traced `free` after every key destructor) cannot be
 /// recorded: they are counted and said to be that, with both tracers.  Until

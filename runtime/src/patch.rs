@@ -319,6 +319,34 @@ pub fn on_foreign_sigtrap(f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *m
     true
 }
 
+/// A program's request to set SIGTRAP's action (`act`, if any; the one it
+/// had goes to `old`) while the patcher's handler is installed: the action
+/// is kept as the one foreign SIGTRAPs are passed to, and the patcher's
+/// handler stays (a program's `signal(SIGTRAP, …)` replaced it until the
+/// twenty-eighth session, and the next patch's evacuation signals then
+/// went to the program's handler or killed it).  For an embedder that
+/// interposes `sigaction` (the recorder).  False, with nothing done, where
+/// the handler is not installed (not yet, or not on this arch): the
+/// request is then the caller's to pass on.  The mask of `act` is not
+/// kept (`old` gets an empty one).  Async-signal-safe.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub fn program_sigtrap_action(act: Option<&libc::sigaction>, old: Option<&mut libc::sigaction>) -> bool {
+    let Some((handler, flags)) = signal::set_previous(act.map(|a| (a.sa_sigaction, a.sa_flags))) else { return false };
+    if let Some(old) = old {
+        // SAFETY: sigaction is plain data; all-zero is a valid value.
+        *old = unsafe { std::mem::zeroed() };
+        old.sa_sigaction = handler;
+        old.sa_flags = flags;
+    }
+    true
+}
+
+/// See the live-protocol arches' version: no handler to keep.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub fn program_sigtrap_action(_act: Option<&libc::sigaction>, _old: Option<&mut libc::sigaction>) -> bool {
+    false
+}
+
 /// See the live-protocol arches' version: nothing to hand over here.
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub fn on_foreign_sigtrap(_f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)) -> bool {

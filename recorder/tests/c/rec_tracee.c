@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <malloc.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -498,6 +499,28 @@ __attribute__((noinline)) long rec_plugin_outer(int (*f)(int), int n)
 	long r = rec_plugin_inner(f, n);
 	__asm__ volatile("" ::: "memory");
 	return r;
+}
+
+static atomic_long sigtraps;
+static atomic_int trap_stop;
+static void on_sigtrap(int sig)
+{
+    (void)sig;
+    atomic_fetch_add(&sigtraps, 1);
+}
+
+__attribute__((noinline)) long rec_trap_work(long i)
+{
+    __asm__ volatile("" ::: "memory");
+    return i + 1;
+}
+
+static void *trap_busy(void *arg)
+{
+    long i = 0;
+    while (!atomic_load(&trap_stop))
+        i = rec_trap_work(i);
+    return arg;
 }
 
 static void *open_or_exit(const char *path)
@@ -1304,6 +1327,31 @@ int main(int argc, char **argv)
         void *h = open_or_exit(argv[2]);
         dlclose(h);
         printf("dlopen_ctor_closed 1\n");
+        return 0;
+    }
+    if (!strcmp(mode, "dlopen-sigtrap")) {
+        /* The program sets SIGTRAP's action (argv[3]: handler, ign or dfl),
+           keeps a thread calling a traced function, then dlopens a library
+           with sites (patched live); then a SIGTRAP of its own. */
+        const char *how = argv[3];
+        void (*want)(int) = !strcmp(how, "ign") ? SIG_IGN : !strcmp(how, "dfl") ? SIG_DFL : on_sigtrap;
+        signal(SIGTRAP, want);
+        pthread_t t;
+        pthread_create(&t, 0, trap_busy, 0);
+        void *h = open_or_exit(argv[2]);
+        long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
+        for (int i = 0; i < 5000 && getenv("FTRAMP_RECORD_DIR") && !(patched(f) && patched(dlsym(h, "reclib_add"))); i++)
+            usleep(1000);
+        long s = f(20);
+        atomic_store(&trap_stop, 1);
+        pthread_join(t, 0);
+        struct sigaction now;
+        sigaction(SIGTRAP, 0, &now);
+        printf("reclib_sum %ld\nreclib_add 20\naction kept %d\ntraps before raise %ld\n", s == 210 ? 1L : -1L,
+               now.sa_handler == want, atomic_load(&sigtraps));
+        fflush(stdout);
+        raise(SIGTRAP);
+        printf("traps after raise %ld\n", atomic_load(&sigtraps));
         return 0;
     }
     if (!strcmp(mode, "dlopen")) {

@@ -29,6 +29,11 @@
 //!
 //! Anything that is not ours (another `int3`, `raise(SIGTRAP)`) goes to the
 //! handler that was installed before ours, or gets the default action.
+//! A program that sets SIGTRAP's action after ours is installed must not
+//! replace it (the next patch's evacuation signals would go to its handler,
+//! or kill it): an embedder that interposes `sigaction` (the recorder) keeps
+//! the program's action here instead ([`set_previous`]), and foreign traps
+//! go to that.
 
 use super::{arch, STATS};
 use crate::RuntimeError;
@@ -61,7 +66,31 @@ struct QueuedInfo {
 const _: () = assert!(std::mem::size_of::<QueuedInfo>() == 128);
 const _: () = assert!(std::mem::size_of::<libc::siginfo_t>() == 128);
 
-static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+/// The action foreign SIGTRAPs get: the handler and flags installed before
+/// ours, or set since through [`set_previous`].  Atomics: the handler reads
+/// them, and the program may set them from a handler of its own.
+static PREVIOUS_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
+static PREVIOUS_FLAGS: AtomicI32 = AtomicI32::new(0);
+/// Set once our handler is installed.
+static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Replaces the action foreign SIGTRAPs get by `new` (if any) and returns
+/// the one they got (handler and flags), when our handler is installed;
+/// None (nothing done) before.  Async-signal-safe.
+pub(crate) fn set_previous(new: Option<(usize, i32)>) -> Option<(usize, i32)> {
+    if !HELD.load(Acquire) {
+        return None;
+    }
+    let old = (PREVIOUS_HANDLER.load(Acquire), PREVIOUS_FLAGS.load(Acquire));
+    if let Some((handler, flags)) = new {
+        // (Flags first: a trap between the two stores calls the new
+        // handler the way it asked, or the old one with the new flags'
+        // SA_SIGINFO only if both were installed that way.)
+        PREVIOUS_FLAGS.store(flags, Release);
+        PREVIOUS_HANDLER.store(handler, Release);
+    }
+    Some(old)
+}
 
 /// Called instead of the default action for a SIGTRAP that is not ours
 /// when the previous disposition was `SIG_DFL` (0: none; see
@@ -85,7 +114,8 @@ pub(crate) fn install() -> Result<(), RuntimeError> {
             if libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut prev) != 0 {
                 return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
             }
-            let _ = PREVIOUS.set(prev);
+            PREVIOUS_HANDLER.store(prev.sa_sigaction, Release);
+            PREVIOUS_FLAGS.store(prev.sa_flags, Release);
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = on_sigtrap as *const () as usize;
             act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
@@ -93,6 +123,7 @@ pub(crate) fn install() -> Result<(), RuntimeError> {
             if libc::sigaction(libc::SIGTRAP, &act, std::ptr::null_mut()) != 0 {
                 return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
             }
+            HELD.store(true, Release);
             Ok(())
         }
     });
@@ -129,8 +160,12 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
 /// Only from the SIGTRAP handler, with the `info` and `ctx` the kernel
 /// passed it.
 unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let Some(prev) = PREVIOUS.get() else { return };
-    match prev.sa_sigaction {
+    let (handler, flags) = (PREVIOUS_HANDLER.load(Acquire), PREVIOUS_FLAGS.load(Acquire));
+    if flags & libc::SA_RESETHAND != 0 && handler != libc::SIG_IGN && handler != libc::SIG_DFL {
+        // A one-shot handler: the kernel would have reset the action.
+        let _ = PREVIOUS_HANDLER.compare_exchange(handler, libc::SIG_DFL, AcqRel, Acquire);
+    }
+    match handler {
         libc::SIG_IGN => {}
         libc::SIG_DFL if FOREIGN_DEFAULT.load(Acquire) != 0 => {
             // The embedder's stand-in for the default action (the
@@ -147,7 +182,7 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
             libc::syscall(libc::SYS_tgkill, libc::getpid(), gettid(), sig);
         }
-        h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+        h if flags & libc::SA_SIGINFO != 0 => {
             let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(h);
             f(sig, info, ctx)
         }
