@@ -509,7 +509,9 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     for (pid, n) in summary.unfinished.iter().filter(|(pid, _)| !running.contains(pid) && is_zombie(*pid)) {
         note!(
             "ftramp record: pid {pid} (image {n}) ended without the recorder seeing it end (SIGKILL, or an \
-             exit system call made directly): the events still in its buffers are lost, and not counted"
+             exit system call made directly), or its end could not be written (its writes to the trace failed: \
+             a full disk, or a change of user that closed or may not reopen the trace files; see any note above): \
+             the events still in its buffers are lost, and not counted"
         );
     }
     // (An image still starting has an empty `.info` for a moment too: only
