@@ -84,8 +84,16 @@ std::thread_local! {
 static GAVE_UP: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// How long a `dlsym` waits for the engine, busy with the same change on
-/// the watcher thread, before it lets the program go on.
-const WAIT: Duration = Duration::from_millis(50);
+/// the watcher thread, before it lets the program go on: a bound for a
+/// watcher that cannot go on (waiting for the loader's lock, held by a
+/// `dlopen` that waits for this thread), not a budget for the work, which
+/// natively takes well under a millisecond for an ordinary library.  Under
+/// qemu-user the unwinder's hooks for a library that brings libstdc++
+/// (which the watcher now puts in before it patches the library,
+/// `unwind::hooks_cover`) and the patching took 30 to 500 ms on a loaded
+/// machine, and with the former 50 ms the program often went on before
+/// its plugin was traced.
+const WAIT: Duration = Duration::from_millis(1000);
 
 /// If a library was loaded or unloaded since the engine last looked, has
 /// the engine patch (or forget) it now, on this thread, and the recorder

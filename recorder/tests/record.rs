@@ -481,9 +481,11 @@ fn a_thread_whose_last_chunks_were_not_written_ends_with_the_loss() {
     // One thread of many calls in whole 4 KiB chunks up to the limit: no chunk fits
     // after the first that does not (less than a header's room is left), so `main`'s
     // exit, in the last chunk, is lost.  And five threads cut at some point of theirs.
-    // (Under qemu-user the 4 KiB case is left out: there the process gets a SIGXFSZ
-    // although no write of the recorder went past the limit — qemu's own doing, not
-    // understood yet; natively it is checked.)
+    // (Under qemu-user the 4 KiB case is left out: qemu 7.2 answers an `open` of
+    // /proc/self/maps, which the runtime reads, with a memfd it fills itself, and that
+    // host write goes past the limit: the kernel sends SIGXFSZ, which qemu passes on
+    // to the program, although no write of the program went past it.  Natively the
+    // case is checked.)
     let cases: &[(&str, u64)] = if qemu().is_some() { &[("loop", 16 << 12)] } else { &[("loop", 16 << 12), ("threads", 4 << 10)] };
     for &(mode, limit) in cases {
         let dir = trace_dir(&format!("unwritten-{mode}"), "function_graph");
@@ -2082,10 +2084,11 @@ fn a_dlopened_library_that_brings_the_unwinder_keeps_its_exceptions() {
     // alone, and until the twenty-seventh session its `__cxa_begin_catch` went
     // unhooked: both frames lost their returns and showed as unwound).
     assert!(String::from_utf8_lossy(&out.stdout).contains("plugin_later_caught 3"));
-    // (x86_64 only, see `unwind::install`: on aarch64 the returns are still lost.)
-    let want = if cfg!(target_arch = "x86_64") { (1, 1) } else { (1, 0) };
+    // (On every arch: the watcher hooks the plugin's unwinder before it patches the
+    // plugin, see `unwind::hooks_cover`; patched first, under qemu-user a quarter of the
+    // runs ended in `std::terminate`, and aarch64 went without the lookup for a while.)
     for f in ["rec_plugin_outer", "rec_plugin_inner"] {
-        assert_eq!(count(&got, f), want, "{f}: {got:?}");
+        assert_eq!(count(&got, f), (1, 1), "{f}: {got:?}");
     }
     check_nesting(&t.processes[0]);
 }

@@ -217,6 +217,11 @@ pub fn refresh_if_modules_changed() {
         }
         return;
     }
+    // The unwinder's hooks go into the new modules before their sites are
+    // patched (not with the other module hooks, after): a traced function
+    // of a library just loaded may throw at once.  Here, not holding the
+    // engine: this waits for the loader (`dlsym`, `dlopen(RTLD_NOLOAD)`).
+    crate::unwind::rescan();
     let f = ftrace();
     // Registering re-reads the modules anyway.  (In a fork child whose
     // parent forked while its watcher held the engine, the lock stays
@@ -227,6 +232,12 @@ pub fn refresh_if_modules_changed() {
         return;
     }
     if st.refresh().is_ok() {
+        // A module loaded since the unwinder's pass (or a pass still
+        // running on another thread): nothing new is patched before its
+        // hooks are in; the next step looks again.
+        if !crate::unwind::hooks_cover(crate::sites::loader_generation()) {
+            return;
+        }
         if let Ok(old) = st.apply() {
             retire_table(old);
         }

@@ -266,11 +266,7 @@ pub fn install() -> Result<usize, RuntimeError> {
             REAL[i].store(p, Release);
         }
     }
-    // (x86_64 only: on aarch64 under qemu the plugin's hooked
-    // `__cxa_begin_catch` then ended the program in `std::terminate`, not
-    // understood yet; left as before there, where the program runs as
-    // untraced and the surviving frames lose their returns.)
-    if cfg!(target_arch = "x86_64") && REAL.iter().any(|r| r.load(Relaxed) == 0) {
+    if REAL.iter().any(|r| r.load(Relaxed) == 0) {
         resolve_in_local_scopes(st);
     }
     let real: Vec<usize> = REAL.iter().map(|r| r.load(Acquire)).collect();
@@ -321,8 +317,8 @@ pub fn install_error() -> Option<String> {
 }
 
 /// Hooks modules loaded since the last [`install`] (if it ran): the ops
-/// engine's module watcher calls this after `dlopen`s.  Cheap when nothing
-/// changed.
+/// engine's module watcher calls this after `dlopen`s, before it patches
+/// the new modules' sites ([`hooks_cover`]).  Cheap when nothing changed.
 pub fn rescan() {
     {
         let g = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
@@ -333,6 +329,35 @@ pub fn rescan() {
         }
     }
     install_quietly();
+}
+
+/// Whether the hooks are in every module of loader generation `gen` (the
+/// loader's counters, `sites::loader_generation`), or are not wanted (no
+/// [`install`] yet).  The module watcher patches the sites of new modules
+/// only then: a traced function of a library just loaded that throws
+/// before its unwinder's slots are hooked meets `return_to_handler` in the
+/// unwinder (`std::terminate`).  The watcher used to patch first and hook
+/// after, so a program that called into a new C++ library at once could
+/// throw in between: under qemu-user, where the hooking took up to 100 ms
+/// (more with [`resolve_in_local_scopes`]'s `dlopen`/`dlsym`), a quarter
+/// of the runs of the test of an `RTLD_LOCAL` C++ plugin ended in
+/// `std::terminate`, most with the lookup (natively the window was well
+/// under a millisecond).  False also while another thread is installing
+/// (the watcher then looks again at its next step); does not wait for the
+/// loader, so a caller may hold the ops engine.  Left: an object the
+/// loader was still relocating when the hooks were put in (its slots not
+/// bound yet, so left for the next pass) but had finished by the time its
+/// sites are read, a window of one concurrent `dlopen`.
+pub(crate) fn hooks_cover(gen: (u64, u64)) -> bool {
+    let g = match INSTALLED.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return false,
+    };
+    match g.as_ref() {
+        None => true,
+        Some(st) => st.generation == Some(gen),
+    }
 }
 
 /// The dynamic-section values the GOT search needs (in-memory addresses).
@@ -455,16 +480,28 @@ fn find_slots(live: &Live<'_>) -> Vec<(usize, usize)> {
 /// `dlclose`); `dlsym` on it searches its dependencies.  Outside the loader
 /// lock, as `dlsym` takes it: the names come from a first pass.
 fn resolve_in_local_scopes(st: &Installed) {
-    let names = with_loaded(|set| {
-        let mut names = Vec::new();
+    // Each module with the missing functions it imports.  Only those are
+    // looked up, and a module whose are all found by then is not opened:
+    // the watcher hooks a new library's unwinder before it patches its
+    // sites (`hooks_cover`), so this delays the tracing of a `dlopen`ed
+    // library (under qemu-user, each `dlopen`/`dlsym` here took
+    // milliseconds).
+    let wanted = with_loaded(|set| {
+        let mut wanted = Vec::new();
         for live in set.iter().filter(|l| !l.obj.is_main && !st.done.contains(&l.obj.key())) {
-            if find_slots(&live).iter().any(|&(_, e)| REAL[e].load(Relaxed) == 0) {
-                names.push(live.obj.name.clone());
+            let mut entries: Vec<usize> = find_slots(&live).iter().map(|&(_, e)| e).filter(|&e| REAL[e].load(Relaxed) == 0).collect();
+            entries.sort_unstable();
+            entries.dedup();
+            if !entries.is_empty() {
+                wanted.push((live.obj.name.clone(), entries));
             }
         }
-        names
+        wanted
     });
-    for name in names {
+    for (name, entries) in wanted {
+        if entries.iter().all(|&e| REAL[e].load(Relaxed) != 0) {
+            continue;
+        }
         let Ok(path) = std::ffi::CString::new(name) else { continue };
         // SAFETY: dlopen of a module already loaded (RTLD_NOLOAD: nothing is
         // loaded or run), then lookups by NUL-terminated names, then dlclose
@@ -474,11 +511,11 @@ fn resolve_in_local_scopes(st: &Installed) {
             if h.is_null() {
                 continue;
             }
-            for (i, name) in HOOKED.iter().enumerate() {
-                if REAL[i].load(Relaxed) == 0 {
-                    let c = std::ffi::CString::new(*name).expect("no NUL in the names");
+            for e in entries {
+                if REAL[e].load(Relaxed) == 0 {
+                    let c = std::ffi::CString::new(HOOKED[e]).expect("no NUL in the names");
                     let p = libc::dlsym(h, c.as_ptr()) as usize;
-                    let _ = REAL[i].compare_exchange(0, p, Release, Relaxed);
+                    let _ = REAL[e].compare_exchange(0, p, Release, Relaxed);
                 }
             }
             libc::dlclose(h);
