@@ -923,6 +923,28 @@ fn ftramp_works_under_a_small_stack_limit() {
     }
 }
 
+/// `ftramp record`'s status once it ends, within 10 s of a `signal` sent to it alone;
+/// else it and the program (whose pid is in `ready`) are killed and the test fails.
+fn ended_or_killed(child: &mut std::process::Child, ready: &Path, signal: &str) -> std::process::ExitStatus {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            let program: i32 = std::fs::read_to_string(ready).unwrap().trim().parse().unwrap();
+            // SAFETY: kill of the processes this test started.
+            unsafe {
+                libc::kill(program, libc::SIGKILL);
+                libc::kill(child.id() as i32, libc::SIGKILL);
+            }
+            let _ = child.wait();
+            panic!("{signal} sent to ftramp record never reached the program");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A signal ignored where `ftramp record` starts is still passed on when sent
 /// to `ftramp record` alone: the program starts with it ignored (above) but
 /// may install a handler of its own (lua.c does for SIGINT), and untraced it
@@ -954,23 +976,7 @@ fn a_signal_ignored_at_start_and_then_handled_by_the_program_is_passed_on() {
     }
     // SAFETY: kill of the child we spawned, by its pid alone.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let t0 = std::time::Instant::now();
-    let st = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed() > std::time::Duration::from_secs(10) {
-            let program: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
-            // SAFETY: kill of the processes this test started.
-            unsafe {
-                libc::kill(program, libc::SIGKILL);
-                libc::kill(child.id() as i32, libc::SIGKILL);
-            }
-            let _ = child.wait();
-            panic!("SIGINT sent to ftramp record never reached the program");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let st = ended_or_killed(&mut child, &ready, "SIGINT");
     assert_eq!(st.code(), Some(3), "the program's status");
     assert_eq!(std::fs::read_to_string(&got).unwrap(), "INT\n", "handled once");
 }
@@ -1041,23 +1047,7 @@ fn a_signal_sent_to_ftramp_record_alone_reaches_the_program() {
         wait_for(&ready);
         // SAFETY: kill of the child we spawned, by its pid alone.
         assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
-        let t0 = std::time::Instant::now();
-        let st = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break st;
-            }
-            if t0.elapsed() > std::time::Duration::from_secs(10) {
-                let program: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
-                // SAFETY: kill of the processes this test started.
-                unsafe {
-                    libc::kill(program, libc::SIGKILL);
-                    libc::kill(child.id() as i32, libc::SIGKILL);
-                }
-                let _ = child.wait();
-                panic!("SIG{name} sent to ftramp record never reached the program");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        let st = ended_or_killed(&mut child, &ready, &format!("SIG{name}"));
         assert_eq!(st.code(), Some(3), "SIG{name}: the program's status");
         assert_eq!(std::fs::read_to_string(&got).unwrap(), format!("{name}\n"), "SIG{name}: once");
         let info = std::fs::read_to_string(d.join("info")).unwrap();
