@@ -105,10 +105,8 @@ pub fn find_audit(preload: &Path) -> Result<Option<PathBuf>> {
     if p.is_file() {
         return Ok(Some(p));
     }
-    if let Some(dir) = std::env::current_exe().ok().as_deref().and_then(Path::parent) {
-        if let Some(found) = [dir.join(AUDIT_NAME), dir.join("deps").join(AUDIT_NAME)].into_iter().find(|c| c.is_file()) {
-            return Ok(Some(found));
-        }
+    if let Some(found) = beside_ftramp(AUDIT_NAME).ok().into_iter().flatten().find(|c| c.is_file()) {
+        return Ok(Some(found));
     }
     note!(
         "ftramp record: {} not found: recording starts in {}'s constructor, so calls made by the constructors \
@@ -118,6 +116,14 @@ pub fn find_audit(preload: &Path) -> Result<Option<PathBuf>> {
         preload.display()
     );
     Ok(None)
+}
+
+/// Where a library `name` built with the CLI may be: next to this
+/// executable, and in its `deps/` (cargo's layout).
+fn beside_ftramp(name: &str) -> Result<[PathBuf; 2]> {
+    let exe = std::env::current_exe().context("cannot find the ftramp executable's path")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    Ok([dir.join(name), dir.join("deps").join(name)])
 }
 
 /// Finds the recorder library: `$FTRAMP_PRELOAD`, else next to this
@@ -130,11 +136,9 @@ pub fn find_preload() -> Result<PathBuf> {
         }
         return Ok(std::fs::canonicalize(&p).unwrap_or(p));
     }
-    let exe = std::env::current_exe().context("cannot find the ftramp executable's path")?;
-    let dir = exe.parent().unwrap_or(Path::new("."));
     // Cargo leaves the library in deps/ when it is built as the CLI's
     // dependency, and next to the binary when built by itself: take the newer.
-    let candidates = [dir.join(PRELOAD_NAME), dir.join("deps").join(PRELOAD_NAME)];
+    let candidates = beside_ftramp(PRELOAD_NAME)?;
     let newest = candidates
         .iter()
         .filter_map(|c| {

@@ -194,7 +194,7 @@ thread_local! {
     /// recorder then panicked and the program aborted).  A thread leaves it
     /// allocated at its end: one environment's worth, on the threads that
     /// spawned with an environment of their own.
-    static EXEC_ENV: std::cell::RefCell<std::mem::ManuallyDrop<(Vec<u8>, Vec<*const c_char>)>> =
+    static EXEC_ENV: ExecEnv =
         const { std::cell::RefCell::new(std::mem::ManuallyDrop::new((Vec::new(), Vec::new()))) };
     /// The process whose exec is using [`EXEC_ENV`] (0: none).  A pid, not
     /// a flag (nor a `RefCell` borrow held across the exec): a `vfork`
@@ -203,8 +203,11 @@ thread_local! {
     static EXEC_ENV_USER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
+/// [`EXEC_ENV`]'s type: its strings, then the pointer array.
+type ExecEnv = std::cell::RefCell<std::mem::ManuallyDrop<(Vec<u8>, Vec<*const c_char>)>>;
+
 // EXEC_ENV must outlive the thread-local destructors (see there).
-const _: () = assert!(!std::mem::needs_drop::<std::cell::RefCell<std::mem::ManuallyDrop<(Vec<u8>, Vec<*const c_char>)>>>());
+const _: () = assert!(!std::mem::needs_drop::<ExecEnv>());
 
 /// Runs `run` with `envp`, or, when recording started in this image or the
 /// one it was (v)forked from, with `envp` completed for the new image: the

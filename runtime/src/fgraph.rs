@@ -1181,7 +1181,6 @@ pub(crate) fn dispatch_left() {
 }
 
 /// Whether a thread's shadow stack could be had ([`Shadow::ensure`]).
-#[derive(PartialEq, Eq)]
 enum Ensured {
     Ready,
     /// The thread is exiting: its exit hooks have run, or cannot be arranged.

@@ -394,27 +394,7 @@ impl Ftrace {
     /// Registers `ops`: every site it traces starts calling it.
     pub fn register(&self, ops: Arc<Ops>) -> Result<usize, OpsError> {
         let mut st = self.lock()?;
-        let key = Arc::as_ptr(&ops) as usize;
-        if st.ops.iter().any(|o| Arc::as_ptr(o) as usize == key) {
-            return Err(OpsError::AlreadyRegistered(key));
-        }
-        if ops.get_flags().0 & !OpsFlags::ALL.0 != 0 {
-            return Err(OpsError::UnknownFlags(ops.get_flags().0 & !OpsFlags::ALL.0));
-        }
-        st.refresh()?;
-        let d = st.discovery.as_ref().expect("refreshed");
-        let matched: Vec<&Site> = d.sites().filter(|s| ops.traces(s)).collect();
-        if matched.is_empty() && !ops.get_flags().contains(OpsFlags::ALLOW_NO_SITES) {
-            return Err(OpsError::NoSites(ops.describe_filters()));
-        }
-        if ops.get_flags().contains(OpsFlags::IPMODIFY) {
-            for s in &matched {
-                if st.ops.iter().any(|o| o.get_flags().contains(OpsFlags::IPMODIFY) && o.traces(s)) {
-                    return Err(OpsError::IpModifyConflict { site: s.to_string() });
-                }
-            }
-        }
-        let n = matched.len();
+        let n = st.admit(&ops, None)?;
         start_module_watch();
         let entry = ops.trampoline_entry();
         ops.entry.store(entry, std::sync::atomic::Ordering::Release);
@@ -460,26 +440,7 @@ impl Ftrace {
         let Some(i) = st.ops.iter().position(|o| Arc::as_ptr(o) as usize == key) else {
             return Err(OpsError::NotRegistered(key));
         };
-        let new_key = Arc::as_ptr(&new) as usize;
-        if st.ops.iter().any(|o| Arc::as_ptr(o) as usize == new_key) {
-            return Err(OpsError::AlreadyRegistered(new_key));
-        }
-        if new.get_flags().0 & !OpsFlags::ALL.0 != 0 {
-            return Err(OpsError::UnknownFlags(new.get_flags().0 & !OpsFlags::ALL.0));
-        }
-        st.refresh()?;
-        let d = st.discovery.as_ref().expect("refreshed");
-        let matched: Vec<&Site> = d.sites().filter(|s| new.traces(s)).collect();
-        if matched.is_empty() && !new.get_flags().contains(OpsFlags::ALLOW_NO_SITES) {
-            return Err(OpsError::NoSites(new.describe_filters()));
-        }
-        if new.get_flags().contains(OpsFlags::IPMODIFY) {
-            for s in &matched {
-                if st.ops.iter().enumerate().any(|(j, o)| j != i && o.get_flags().contains(OpsFlags::IPMODIFY) && o.traces(s)) {
-                    return Err(OpsError::IpModifyConflict { site: s.to_string() });
-                }
-            }
-        }
+        st.admit(&new, Some(i))?;
         let entry = new.trampoline_entry();
         new.entry.store(entry, std::sync::atomic::Ordering::Release);
         let removed = std::mem::replace(&mut st.ops[i], new);
@@ -532,6 +493,36 @@ impl Ftrace {
 }
 
 impl State {
+    /// The checks before `ops` is registered (in place of `st.ops[replacing]`,
+    /// if given): not registered yet, known flags, some site (unless
+    /// `ALLOW_NO_SITES`), and no site another `IPMODIFY` ops redirects when it
+    /// is one.  Returns how many sites it traces.
+    fn admit(&mut self, ops: &Ops, replacing: Option<usize>) -> Result<usize, OpsError> {
+        let key = ops as *const Ops as usize;
+        if self.ops.iter().any(|o| Arc::as_ptr(o) as usize == key) {
+            return Err(OpsError::AlreadyRegistered(key));
+        }
+        let unknown = ops.get_flags().0 & !OpsFlags::ALL.0;
+        if unknown != 0 {
+            return Err(OpsError::UnknownFlags(unknown));
+        }
+        self.refresh()?;
+        let d = self.discovery.as_ref().expect("refreshed");
+        let matched: Vec<&Site> = d.sites().filter(|s| ops.traces(s)).collect();
+        if matched.is_empty() && !ops.get_flags().contains(OpsFlags::ALLOW_NO_SITES) {
+            return Err(OpsError::NoSites(ops.describe_filters()));
+        }
+        if ops.get_flags().contains(OpsFlags::IPMODIFY) {
+            let others = || self.ops.iter().enumerate().filter(|&(j, _)| Some(j) != replacing).map(|(_, o)| o);
+            for s in &matched {
+                if others().any(|o| o.get_flags().contains(OpsFlags::IPMODIFY) && o.traces(s)) {
+                    return Err(OpsError::IpModifyConflict { site: s.to_string() });
+                }
+            }
+        }
+        Ok(matched.len())
+    }
+
     fn refresh(&mut self) -> Result<(), RuntimeError> {
         match &mut self.discovery {
             None => {

@@ -37,7 +37,7 @@
 
 use super::{arch, STATS};
 use crate::RuntimeError;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -72,7 +72,7 @@ const _: () = assert!(std::mem::size_of::<libc::siginfo_t>() == 128);
 static PREVIOUS_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
 static PREVIOUS_FLAGS: AtomicI32 = AtomicI32::new(0);
 /// Set once our handler is installed.
-static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static HELD: AtomicBool = AtomicBool::new(false);
 
 /// Replaces the action foreign SIGTRAPs get by `new` (if any) and returns
 /// the one they got (handler and flags), when our handler is installed;
