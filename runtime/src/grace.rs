@@ -169,11 +169,16 @@
 //!   out — safe, but everything retired leaks).  Our handler is harmless
 //!   if someone else sends the signal.
 //! * Under a user-mode emulator (qemu-user, detected by `/proc/self/exe`
-//!   differing from `/proc/self/task/<tid>/exe`), a thread that keeps our
-//!   signal blocked *on the host* for two checks 20 ms apart is taken for
-//!   one of the emulator's own threads and skipped: the emulator applies
-//!   guest signal masks in software and blocks host signals only briefly.
-//!   Natively such a thread makes the grace period time out.
+//!   differing from `/proc/self/task/<tid>/exe`), a thread that never
+//!   answered and that sleeps with our signal blocked *on the host* and
+//!   pending, in two checks 20 ms apart, is taken for one of the
+//!   emulator's own threads and skipped (`EmulatorView`): the emulator
+//!   applies guest signal masks in software and blocks host signals itself
+//!   only while it hands one to the guest, after taking it.  (Until the
+//!   twenty-ninth session a program's thread that waited long for a CPU while
+//!   the emulator handed it our signal could be taken for the emulator's,
+//!   and an object freed under it.)  Natively a thread blocking the signal
+//!   makes the grace period time out.
 //! * [`synchronize`], [`defer_free`] and [`retire`] take locks and
 //!   allocate: not for signal handlers.  `fork` while another thread is
 //!   inside [`synchronize`] leaves the child with the writer lock held:
@@ -643,6 +648,7 @@ static SYNCHRONIZES: AtomicU64 = AtomicU64::new(0);
 static SIGNALS_SENT: AtomicU64 = AtomicU64::new(0);
 static BUSY_ANSWERS: AtomicU64 = AtomicU64::new(0);
 static TIMEOUTS: AtomicU64 = AtomicU64::new(0);
+static EMULATOR_THREADS_FOUND: AtomicU64 = AtomicU64::new(0);
 static MEMBARRIER_OK: AtomicI32 = AtomicI32::new(-1);
 
 /// Process-wide grace-period counters.
@@ -656,6 +662,8 @@ pub struct Stats {
     pub timeouts: u64,
     /// Whether `membarrier(PRIVATE_EXPEDITED)` worked (`None`: not tried yet).
     pub membarrier: Option<bool>,
+    /// Threads taken for an emulator's own (see [`emulator_threads`]).
+    pub emulator_threads_found: u64,
 }
 
 /// The process-wide counters.
@@ -669,6 +677,7 @@ pub fn stats() -> Stats {
             -1 => None,
             v => Some(v == 1),
         },
+        emulator_threads_found: EMULATOR_THREADS_FOUND.load(Relaxed),
     }
 }
 
@@ -749,15 +758,38 @@ fn list_threads(me: i32) -> Result<Vec<i32>, GraceResult> {
     Ok(tids)
 }
 
-/// Whether `sig` is pending for, and whether it is blocked by, thread
-/// `tid` (`None`: the thread is gone).
-fn signal_state(tid: i32, sig: i32) -> Option<(bool, bool)> {
+/// What `/proc` says of one thread and our signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TaskSignal {
+    /// The signal is pending for the thread (or the process).
+    pending: bool,
+    /// Some signal is pending for the thread itself (sent with `tgkill`):
+    /// any, because an emulator maps guest signal numbers to other host
+    /// numbers (qemu 7.2: guest 62 is host 64), and only an emulator's
+    /// threads are judged by it.
+    pending_here: bool,
+    /// The thread blocks it (on the host, under an emulator).
+    blocked: bool,
+    /// The thread sleeps (`S` or `D`): not running, not waiting for a CPU.
+    sleeping: bool,
+}
+
+/// `sig`'s state for thread `tid` (`None`: the thread is gone).
+fn signal_state(tid: i32, sig: i32) -> Option<TaskSignal> {
     let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
-    let mask = |key: &str| {
-        status.lines().find_map(|l| l.strip_prefix(key)).and_then(|m| u64::from_str_radix(m.trim(), 16).ok()).unwrap_or(0)
-    };
+    Some(parse_task_signal(&status, sig))
+}
+
+fn parse_task_signal(status: &str, sig: i32) -> TaskSignal {
+    let field = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).map(str::trim);
+    let mask = |key: &str| field(key).and_then(|m| u64::from_str_radix(m, 16).ok()).unwrap_or(0);
     let bit = 1u64 << (sig - 1);
-    Some(((mask("SigPnd:") | mask("ShdPnd:")) & bit != 0, mask("SigBlk:") & bit != 0))
+    TaskSignal {
+        pending: (mask("SigPnd:") | mask("ShdPnd:")) & bit != 0,
+        pending_here: mask("SigPnd:") != 0,
+        blocked: mask("SigBlk:") & bit != 0,
+        sleeping: field("State:").is_some_and(|s| s.starts_with('S') || s.starts_with('D')),
+    }
 }
 
 /// Whether this process runs under a user-mode emulator (qemu-user):
@@ -772,12 +804,65 @@ fn emulated() -> bool {
     })
 }
 
-/// Under an emulator: threads found to block our signal *on the host* in
-/// two checks [`ANSWER_GRACE`] apart.  The emulator applies guest signal
-/// masks in software, so these are its own threads (qemu's RCU thread),
-/// which never run guest code; they are not signalled again while they
-/// keep the signal blocked.
-static EMULATOR_THREADS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+/// Under an emulator, what earlier grace periods learnt of its threads.
+///
+/// The emulator applies guest signal masks in software and blocks host
+/// signals itself only while it hands a host signal over to the guest
+/// (from its host handler until the guest handler runs): by then the host
+/// signal is no longer pending.  Its own threads (qemu's RCU thread), which
+/// never run guest code, block every host signal for good and sleep, so
+/// the signal we sent stays pending on them (as whatever host signal the
+/// emulator made of it).  A thread found so (blocking
+/// our signal on the host, the signal pending on it, sleeping) in two
+/// checks [`ANSWER_GRACE`] apart, and that never answered, is taken for one
+/// of the emulator's and not signalled again while it stays so.  Any other
+/// host-blocked thread is one of the program's on its way to the handler
+/// (maybe waiting a long time for a CPU) and we wait for it; a thread that
+/// answered once is never taken for the emulator's.
+#[derive(Default)]
+struct EmulatorView {
+    /// Threads that answered a request (sorted).
+    guests: Vec<i32>,
+    /// Threads taken for the emulator's own (sorted).
+    emulator: Vec<i32>,
+}
+
+impl EmulatorView {
+    /// Forgets the threads that are gone (`live` is sorted).
+    fn prune(&mut self, live: &[i32]) {
+        self.guests.retain(|t| live.binary_search(t).is_ok());
+        self.emulator.retain(|t| live.binary_search(t).is_ok());
+    }
+
+    fn answered(&mut self, tid: i32) {
+        if let Err(at) = self.guests.binary_search(&tid) {
+            self.guests.insert(at, tid);
+        }
+        if let Ok(at) = self.emulator.binary_search(&tid) {
+            self.emulator.remove(at);
+        }
+    }
+
+    /// Whether a thread in state `s` at a check may be the emulator's.
+    fn may_be_emulator(&self, tid: i32, s: TaskSignal) -> bool {
+        s.blocked && s.pending_here && s.sleeping && self.guests.binary_search(&tid).is_err()
+    }
+
+    fn take_for_emulator(&mut self, tid: i32) {
+        if let Err(at) = self.emulator.binary_search(&tid) {
+            self.emulator.insert(at, tid);
+            EMULATOR_THREADS_FOUND.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+static EMULATOR_VIEW: Mutex<EmulatorView> = Mutex::new(EmulatorView { guests: Vec::new(), emulator: Vec::new() });
+
+/// The live threads currently taken for the emulator's own (empty when not
+/// emulated).  For tests and diagnostics.
+pub fn emulator_threads() -> Vec<i32> {
+    lock(&EMULATOR_VIEW).emulator.clone()
+}
 
 #[derive(Clone, Copy)]
 enum Wait {
@@ -831,13 +916,18 @@ fn run_rounds(r: &Request, pid: i32, sig: i32, timeout: Duration) -> GraceResult
     // Generation of each thread's first busy answer.
     let mut base: Vec<Option<u32>> = vec![None; n];
     let mut wait = vec![Wait::Ask { at: start }; n];
-    // Under an emulator: checks that found the thread blocking the signal.
+    // Under an emulator: checks that found the thread blocking the signal
+    // on the host and sleeping.
     let mut host_blocked = vec![0u8; n];
-    if emulated() {
-        let mut known = lock(&EMULATOR_THREADS);
-        known.retain(|&tid| signal_state(tid, sig).is_some_and(|(_, blocked)| blocked));
-        for (i, tid) in r.tids.iter().enumerate() {
-            if known.contains(tid) {
+    let mut answered = vec![false; n];
+    let emulated = emulated();
+    if emulated {
+        let mut view = lock(&EMULATOR_VIEW);
+        view.prune(&r.tids);
+        for (i, &tid) in r.tids.iter().enumerate() {
+            if view.emulator.binary_search(&tid).is_ok()
+                && signal_state(tid, sig).is_some_and(|s| view.may_be_emulator(tid, s))
+            {
                 wait[i] = Wait::Done;
             }
         }
@@ -873,6 +963,10 @@ fn run_rounds(r: &Request, pid: i32, sig: i32, timeout: Duration) -> GraceResult
                 Wait::Answer { sent } => {
                     let a = r.slots[i].answer.load(Acquire);
                     if answer_round(a) >= round[i] {
+                        if emulated && !answered[i] {
+                            answered[i] = true;
+                            lock(&EMULATOR_VIEW).answered(r.tids[i]);
+                        }
                         let generation = answer_generation(a);
                         if answer_quiescent(a) || base[i].is_some_and(|b| two_sections_later(b, generation)) {
                             wait[i] = Wait::Done;
@@ -889,17 +983,25 @@ fn run_rounds(r: &Request, pid: i32, sig: i32, timeout: Duration) -> GraceResult
                         // fill the real-time queue.
                         wait[i] = match signal_state(r.tids[i], sig) {
                             None => Wait::Done,
-                            Some((_, true)) if emulated() => {
-                                host_blocked[i] += 1;
+                            // Under an emulator, a host-blocked thread
+                            // answers once it runs: wait, unless it looks
+                            // like the emulator's own (see EmulatorView).
+                            Some(s) if emulated && s.blocked => {
+                                let mut view = lock(&EMULATOR_VIEW);
+                                if view.may_be_emulator(r.tids[i], s) {
+                                    host_blocked[i] += 1;
+                                } else {
+                                    host_blocked[i] = 0;
+                                }
                                 if host_blocked[i] >= 2 {
-                                    lock(&EMULATOR_THREADS).push(r.tids[i]);
+                                    view.take_for_emulator(r.tids[i]);
                                     Wait::Done
                                 } else {
                                     Wait::Answer { sent: now }
                                 }
                             }
-                            Some((true, _)) => Wait::Answer { sent: now },
-                            Some((false, _)) => Wait::Ask { at: now },
+                            Some(s) if s.pending => Wait::Answer { sent: now },
+                            Some(_) => Wait::Ask { at: now },
                         };
                     }
                 }
@@ -1050,6 +1152,47 @@ fn release_quarantine(upto: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `/proc/<pid>/task/<tid>/status` excerpt with signal 64 (bit 63).
+    fn status(state: &str, pnd: u64, shd: u64, blk: u64) -> String {
+        format!("Name:\tt\nState:\t{state}\nSigQ:\t0/1\nSigPnd:\t{pnd:016x}\nShdPnd:\t{shd:016x}\nSigBlk:\t{blk:016x}\nSigIgn:\t0\n")
+    }
+
+    #[test]
+    fn the_task_status_is_read_for_our_signal_only() {
+        let bit = 1u64 << 63;
+        let s = parse_task_signal(&status("S (sleeping)", bit, 0, u64::MAX), 64);
+        assert_eq!(s, TaskSignal { pending: true, pending_here: true, blocked: true, sleeping: true });
+        let s = parse_task_signal(&status("R (running)", 0, bit, !bit), 64);
+        assert_eq!(s, TaskSignal { pending: true, pending_here: false, blocked: false, sleeping: false });
+        let s = parse_task_signal(&status("D (disk sleep)", 1, 0, 1), 64);
+        assert_eq!(s, TaskSignal { pending: false, pending_here: true, blocked: false, sleeping: true });
+        let s = parse_task_signal(&status("t (tracing stop)", 0, 0, 0), 64);
+        assert_eq!(s, TaskSignal { pending: false, pending_here: false, blocked: false, sleeping: false });
+    }
+
+    /// The emulator's own threads keep our signal blocked and pending and
+    /// sleep; a program's thread that the emulator is handing our signal
+    /// to has it blocked too, but no longer pending, and may be waiting
+    /// for a CPU; a thread that answered once is the program's.
+    #[test]
+    fn only_sleeping_threads_that_never_answered_and_keep_the_signal_pending_may_be_the_emulators() {
+        let emulator = TaskSignal { pending: true, pending_here: true, blocked: true, sleeping: true };
+        let mut view = EmulatorView::default();
+        assert!(view.may_be_emulator(10, emulator));
+        assert!(!view.may_be_emulator(10, TaskSignal { pending_here: false, pending: false, ..emulator }));
+        assert!(!view.may_be_emulator(10, TaskSignal { sleeping: false, ..emulator }));
+        assert!(!view.may_be_emulator(10, TaskSignal { blocked: false, ..emulator }));
+        view.take_for_emulator(10);
+        view.take_for_emulator(12);
+        assert_eq!(view.emulator, [10, 12]);
+        view.answered(10);
+        assert!(!view.may_be_emulator(10, emulator));
+        assert!(view.may_be_emulator(12, emulator));
+        assert_eq!((view.guests.as_slice(), view.emulator.as_slice()), (&[10][..], &[12][..]));
+        view.prune(&[11, 12]);
+        assert_eq!((view.guests.as_slice(), view.emulator.as_slice()), (&[][..], &[12][..]));
+    }
 
     #[test]
     fn answers_pack_into_one_word() {

@@ -423,10 +423,13 @@ fn stress_readers_in_guards_while_synchronizing_1000_times() {
     let _stop = StopOnDrop(stop.clone());
     let bad = Arc::new(AtomicU64::new(0));
     let sections = Arc::new(AtomicU64::new(0));
+    let tids = Arc::new(Mutex::new(Vec::new()));
     let readers: Vec<_> = (0..4)
         .map(|n| {
-            let (stop, bad, sections) = (stop.clone(), bad.clone(), sections.clone());
+            let (stop, bad, sections, tids) = (stop.clone(), bad.clone(), sections.clone(), tids.clone());
             thread::spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tids.lock().unwrap().push(unsafe { libc::gettid() });
                 let mut count = 0u64;
                 while !stop.load(Relaxed) {
                     let g = DispatchGuard::enter();
@@ -465,6 +468,13 @@ fn stress_readers_in_guards_while_synchronizing_1000_times() {
         }
     }
     let took = t0.elapsed();
+    // Under qemu-user: none of the readers was ever taken for one of the
+    // emulator's threads (and skipped) — which let a reader see a freed
+    // object once in CI, when a reader waited for a CPU while qemu handed
+    // it our signal.  (Natively the list is always empty.)
+    let taken = grace::emulator_threads();
+    let tids = tids.lock().unwrap().clone();
+    assert!(!tids.iter().any(|t| taken.contains(t)), "readers {tids:?} taken for the emulator's threads {taken:?}");
     stop.store(true, Relaxed);
     for r in readers {
         r.join().unwrap();
@@ -473,12 +483,13 @@ fn stress_readers_in_guards_while_synchronizing_1000_times() {
     // SAFETY: no reader is left.
     drop(unsafe { Box::from_raw(CURRENT.swap(std::ptr::null_mut(), SeqCst)) });
     eprintln!(
-        "1000 grace periods in {took:?} ({:?} each) while 4 readers ran {} sections; signals {}, busy answers {}, membarrier {:?}",
+        "1000 grace periods in {took:?} ({:?} each) while 4 readers ran {} sections; signals {}, busy answers {}, membarrier {:?}, emulator threads {:?}",
         took / 1000,
         sections.load(Relaxed),
         after.signals_sent - before.signals_sent,
         after.busy_answers - before.busy_answers,
         after.membarrier,
+        taken,
     );
     assert_eq!(bad.load(Relaxed), 0, "a reader saw a freed (poisoned) object");
 }
