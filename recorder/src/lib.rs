@@ -154,6 +154,34 @@ const RECORD_ENV: [&str; 15] = [
     "FTRAMP_PRELOAD",
 ];
 
+/// The recording variables as this image started with them (the trace
+/// directory made absolute), kept at the start for the images it execs:
+/// a program that clears its environment, or removes them from it, before
+/// it execs with it (make's test driver keeps a few variables of its own
+/// for every `make` it runs) still has them recorded.  Until the
+/// twenty-ninth session they were taken from the environment at the exec,
+/// and such children ran untraced without a word.
+static OWN_RECORD_ENV: std::sync::OnceLock<Vec<(&'static str, std::ffi::OsString)>> = std::sync::OnceLock::new();
+
+/// Keeps [`RECORD_ENV`]'s values ([`OWN_RECORD_ENV`]); at the start, after
+/// the trace directory was made absolute in the environment.
+pub(crate) fn keep_record_env() {
+    let _ = OWN_RECORD_ENV.set(RECORD_ENV.iter().filter_map(|k| Some((*k, ftramp_runtime::env::var_os(k)?))).collect());
+}
+
+/// The value of recording variable `k` this image keeps for the images it
+/// execs: the one it started with, else (not started) the environment's,
+/// read from `environ` — never through the program's `getenv`, which bash
+/// replaces with a lookup of its shell variables (and whose calls, made
+/// after the flush before an exec, were counted as events lost after the
+/// final flush when the exec failed).
+fn own_record_var(k: &str) -> Option<std::ffi::OsString> {
+    match OWN_RECORD_ENV.get() {
+        Some(kept) => kept.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()),
+        None => ftramp_runtime::env::var_os(k),
+    }
+}
+
 /// The file an exec or spawn of `file` runs: `file` itself, or when
 /// `search` and it has no slash, the first executable file of that name in
 /// `PATH` (as `execvp` and `posix_spawnp` look for it).
@@ -170,7 +198,7 @@ unsafe fn exec_target(file: *const c_char, search: bool) -> Option<std::path::Pa
     if !search || name.as_os_str().as_bytes().contains(&b'/') {
         return Some(name.to_path_buf());
     }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+    let path = ftramp_runtime::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| {
         let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else { return false };
         // SAFETY: access(2) with a NUL-terminated path.
@@ -226,9 +254,13 @@ unsafe fn with_record_env(
     envp: *const *const c_char,
     run: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
-    if envp.is_null() || !session::started_here_or_before_fork() {
+    if !session::started_here_or_before_fork() {
         return run(envp);
     }
+    // A null environment is an empty one (Linux's `execve`; `execv` after
+    // `clearenv`, which leaves `environ` null): completed like any other.
+    static NO_ENV: [usize; 1] = [0];
+    let envp = if envp.is_null() { NO_ENV.as_ptr().cast::<*const c_char>() } else { envp };
     let pid = std::process::id();
     if EXEC_ENV_USER.get() == pid {
         // An exec from a signal handler in the middle of one.
@@ -309,8 +341,8 @@ unsafe fn exec_env_changes(target: impl FnOnce() -> Option<std::path::PathBuf>, 
     }
     let value_of = |k: &str| entries.iter().find(|(n, _)| *n == k.as_bytes()).map(|(_, v)| OsStr::from_bytes(v));
     // The value the new image gets: the entry's, else ours (added below).
-    let inherited = |k: &str| value_of(k).map(OsStr::to_os_string).or_else(|| std::env::var_os(k));
-    let mut added: Vec<(&str, OsString)> = RECORD_ENV.iter().filter(|k| value_of(k).is_none()).filter_map(|k| Some((*k, std::env::var_os(k)?))).collect();
+    let inherited = |k: &str| value_of(k).map(OsStr::to_os_string).or_else(|| own_record_var(k));
+    let mut added: Vec<(&str, OsString)> = RECORD_ENV.iter().filter(|k| value_of(k).is_none()).filter_map(|k| Some((*k, own_record_var(k)?))).collect();
     let target = target();
     let mut replaced = 0u8;
     let mut replace = |bit: usize, value: Option<OsString>, added: &mut Vec<(&str, OsString)>| {

@@ -79,8 +79,8 @@ impl Options {
     /// Reads the options; `Ok(None)` when `FTRAMP_RECORD_DIR` is unset (not
     /// recording); `Err` names the bad variable and value.
     pub fn from_env() -> Result<Option<Options>, String> {
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let Some(dir) = std::env::var_os(ENV_DIR).filter(|v| !v.is_empty()) else {
+        let get = |k: &str| ftramp_runtime::env::var(k).filter(|v| !v.is_empty());
+        let Some(dir) = ftramp_runtime::env::var_os(ENV_DIR).filter(|v| !v.is_empty()) else {
             return Ok(None);
         };
         if !std::path::Path::new(&dir).is_dir() {

@@ -106,10 +106,15 @@ pub fn start() {
 /// The images this one execs record into the same directory even if the
 /// program changes its own (the variable may have been relative).  Before
 /// main, while no other thread of the program reads the environment.
+/// (libc's `setenv`, not the program's: bash's bound a shell variable,
+/// which its import of the environment then overwrote with the relative
+/// one.)  Then keeps the recording variables for those images
+/// ([`crate::keep_record_env`]).
 fn pin_dir_in_env(opts: &Options) {
-    if std::env::var_os(crate::options::ENV_DIR).is_some_and(|d| std::path::Path::new(&d) != opts.dir) {
-        std::env::set_var(crate::options::ENV_DIR, &opts.dir);
+    if ftramp_runtime::env::var_os(crate::options::ENV_DIR).is_some_and(|d| std::path::Path::new(&d) != opts.dir) {
+        ftramp_runtime::env::set_var(crate::options::ENV_DIR, opts.dir.as_os_str());
     }
+    crate::keep_record_env();
 }
 
 fn start_with(opts: Options) -> Result<(), String> {

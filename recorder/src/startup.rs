@@ -137,7 +137,7 @@ static RECORDER_ENTRY: std::sync::OnceLock<std::ffi::OsString> = std::sync::Once
 /// Keeps the recorder's entry of the `LD_PRELOAD` the process started
 /// with, before the program can change the variable.
 pub fn remember_recorder_entry() {
-    if let Some(e) = std::env::var_os("LD_PRELOAD").and_then(|v| preload_entries(&v).find(|e| is_recorder(e)).map(OsStr::to_os_string)) {
+    if let Some(e) = ftramp_runtime::env::var_os("LD_PRELOAD").and_then(|v| preload_entries(&v).find(|e| is_recorder(e)).map(OsStr::to_os_string)) {
         let _ = RECORDER_ENTRY.set(e);
     }
 }
@@ -307,12 +307,12 @@ pub fn decode_user_tunables(saved: &OsStr) -> Option<&OsStr> {
 /// exec interposers) set another for this image's start.  Before main,
 /// while no other thread of the program reads the environment.
 pub fn restore_user_tunables() {
-    let Some(saved) = std::env::var_os(ENV_USER_TUNABLES) else { return };
+    let Some(saved) = ftramp_runtime::env::var_os(ENV_USER_TUNABLES) else { return };
     match decode_user_tunables(&saved) {
-        Some(value) => std::env::set_var("GLIBC_TUNABLES", value),
-        None => std::env::remove_var("GLIBC_TUNABLES"),
+        Some(value) => ftramp_runtime::env::set_var("GLIBC_TUNABLES", value),
+        None => ftramp_runtime::env::remove_var("GLIBC_TUNABLES"),
     }
-    std::env::remove_var(ENV_USER_TUNABLES);
+    ftramp_runtime::env::remove_var(ENV_USER_TUNABLES);
 }
 
 #[cfg(test)]

@@ -53,6 +53,8 @@ struct Built {
     own_malloc: PathBuf,
     /// `rec_exit_free.c`: its own `free`, which glibc calls as threads end.
     exit_free: PathBuf,
+    /// `rec_own_getenv.c`: its own `getenv` and `setenv`, with sites.
+    own_getenv: PathBuf,
     /// `rec_abi.c` with `tests/c/tracee_abi.c` (sites) and `abi_driver.c`.
     abi: PathBuf,
     /// `rec_ctor.c`, linked with `rec_ctor_lib.c`'s library.
@@ -110,6 +112,7 @@ fn built() -> &'static Built {
             nosites: out.join("rec_nosites"),
             own_malloc: out.join("rec_own_malloc"),
             exit_free: out.join("rec_exit_free"),
+            own_getenv: out.join("rec_own_getenv"),
             abi: out.join("rec_abi"),
             ctor: out.join("rec_ctor"),
             ctor_lib: out.join("librec_ctor.so"),
@@ -147,6 +150,7 @@ fn built() -> &'static Built {
         cc([common.clone(), vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
         cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.own_malloc), s("rec_own_malloc.c")]].concat());
         cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.exit_free), s("rec_exit_free.c"), "-lpthread".into()]].concat());
+        cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.own_getenv), s("rec_own_getenv.c")]].concat());
         cc([common.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&b.slow_audit), s("rec_slow_startup_audit.c")]].concat());
         let ctor_lib = b.ctor_lib.clone();
         cc([common.clone(), site.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&ctor_lib), s("rec_ctor_lib.c")]].concat());
@@ -1742,6 +1746,68 @@ fn the_recorder_never_calls_the_programs_own_malloc() {
         // main's own, plus the few libc makes around it (stdio's buffer).
         let own = c["allocations"];
         assert!(own >= 2000 && calls >= own && calls <= own + 20, "{tracer}: {calls} allocator calls recorded, the program made {own} in main: {got:?}");
+    }
+}
+
+/// A program with its own `getenv` and `setenv` (bash's look up and bind
+/// its shell variables, not `environ`): the recorder reads and sets its
+/// variables without them.  Its exec interposer asked the program's
+/// `getenv` for each recording variable the new environment lacked, after
+/// the flush before the exec: a bash script that ran a file without `#!`
+/// (the exec fails with `ENOEXEC`, bash runs it itself) was then reported
+/// with "at least 30 events not written ... after the process's final
+/// flush, while it was ending", and the program's `getenv` ran calls it
+/// never made.  The start-up's `setenv` of an absolute trace directory
+/// went to bash's `setenv`, which bound a shell variable that bash's own
+/// import of the environment then overwrote with the relative one.
+#[test]
+fn the_recorder_does_not_call_the_programs_own_getenv_or_setenv() {
+    let b = built();
+    for tracer in ["function_graph", "function"] {
+        let dir = trace_dir(&format!("own-getenv-{tracer}"), tracer);
+        // A relative trace directory, which the recorder makes absolute
+        // for the images the program execs.
+        let parent = dir.parent().unwrap().to_path_buf();
+        let rel = dir.file_name().unwrap().to_str().unwrap().to_string();
+        let out = record_command(&dir, &b.own_getenv, &["fail-exec"], &[("FTRAMP_TRACER", tracer), ("FTRAMP_RECORD_DIR", &rel)])
+            .current_dir(&parent)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{tracer}: {stderr}");
+        let c = &counters(&out.stdout)[0];
+        assert_eq!((c["getenv_calls"], c["setenv_calls"]), (0, 0), "{tracer}: the recorder called the program's getenv or setenv; {stderr}");
+        let t = open(&dir);
+        let p = &t.processes[0];
+        assert_eq!(p.lost, 0, "{tracer}: {stderr}");
+        assert!(!stderr.contains("not written"), "{tracer}: {stderr}");
+        let got = per_function(p);
+        assert_eq!(count(&got, "own_work").0, 2, "{tracer}: {got:?}");
+        assert_eq!(count(&got, "getenv").0, 0, "{tracer}: the recorder's calls recorded as the program's: {got:?}");
+    }
+}
+
+/// A program that clears its environment and then execs (make's test
+/// driver keeps a few variables of its own for every `make` it runs; a
+/// sandbox, a daemon): the new image is recorded, with the variables this
+/// image was started with.  The exec interposer took "ours" from the
+/// current environment, which no longer had them, and every `make` of
+/// make's test suite ran untraced without a word.
+#[test]
+fn an_exec_after_the_program_cleared_its_environment_is_followed() {
+    if unavailable_under_qemu("an_exec_after_the_program_cleared_its_environment_is_followed", EXEC_UNDER_QEMU) {
+        return;
+    }
+    let b = built();
+    for tracer in ["function_graph", "function"] {
+        let dir = trace_dir(&format!("clearenv-exec-{tracer}"), tracer);
+        let out = record(&dir, &b.own_getenv, &["clearenv"], &[("FTRAMP_TRACER", tracer)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{tracer}: {stderr}");
+        let t = open(&dir);
+        assert_eq!(t.processes.len(), 2, "{tracer}: the exec'd image is recorded; {stderr}");
+        assert_eq!(t.processes[0].exit.as_deref(), Some("exec"), "{tracer}");
+        assert_eq!(count(&per_function(&t.processes[1]), "own_work").0, 1, "{tracer}");
     }
 }
 

@@ -239,7 +239,7 @@ fn tsc_reliable() -> bool {
 pub fn clock() -> &'static Clock {
     static C: OnceLock<Clock> = OnceLock::new();
     C.get_or_init(|| {
-        let c = std::env::var(ENV).ok().and_then(|v| Clock::from_env_value(&v)).unwrap_or_else(calibrate);
+        let c = crate::env::var(ENV).and_then(|v| Clock::from_env_value(&v)).unwrap_or_else(calibrate);
         FAST[0].store(c.base_ticks, Relaxed);
         FAST[1].store(c.base_ns, Relaxed);
         let mult = (1_000_000_000u128 << 64) / c.ticks_per_sec.max(1) as u128;

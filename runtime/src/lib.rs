@@ -26,6 +26,7 @@
 pub mod cache;
 pub mod clock;
 pub mod dispatch;
+pub mod env;
 pub mod exec;
 pub mod fgraph;
 pub mod fprobe;
@@ -110,7 +111,7 @@ pub fn host_spec() -> &'static Spec {
 pub fn gen_options() -> ftramp_codegen::GenOptions {
     static OPTS: std::sync::OnceLock<ftramp_codegen::GenOptions> = std::sync::OnceLock::new();
     *OPTS.get_or_init(|| {
-        let off = std::env::var_os("FTRAMP_VECTOR_UPPER").is_some_and(|v| v == "0");
+        let off = crate::env::var_os("FTRAMP_VECTOR_UPPER").is_some_and(|v| v == "0");
         let vector_upper = !off && host_spec().vector_upper_bytes > 0 && host_has_vector_upper();
         ftramp_codegen::GenOptions { entry: site_entry(), vector_upper, vector_wider: vector_upper && host_has_wider_vectors() }
     })
@@ -151,7 +152,7 @@ pub fn site_entry() -> ftramp_codegen::SiteEntry {
     use ftramp_codegen::SiteEntry;
     static ENTRY: std::sync::OnceLock<SiteEntry> = std::sync::OnceLock::new();
     *ENTRY.get_or_init(|| {
-        let forced_call = std::env::var_os("FTRAMP_SITE_ENTRY").is_some_and(|v| v == "call");
+        let forced_call = crate::env::var_os("FTRAMP_SITE_ENTRY").is_some_and(|v| v == "call");
         if host_spec().raw.site.stub && !forced_call {
             SiteEntry::Stub
         } else {
