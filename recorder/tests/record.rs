@@ -2406,3 +2406,49 @@ fn a_library_loaded_again_at_the_same_address_is_patched_again() {
     assert_eq!(count(&got, "reclib_sum"), (20, 20), "{got:?}");
     assert_eq!(count(&got, "reclib_add"), (400, 400), "{got:?}");
 }
+
+/// A C++ program built with pointer authentication on aarch64
+/// (`-mbranch-protection=standard`, the default of Ubuntu's and Fedora's
+/// gcc): its functions sign `x30` before saving it, so a hijacked frame's
+/// slot holds `return_to_handler` signed.  Exceptions thrown through traced
+/// frames are caught, a thread cancelled two traced frames down runs its
+/// destructors, and `backtrace()` sees the whole stack, as untraced, with
+/// every call recorded.  Until the twenty-ninth session the unwinder hooks
+/// looked for the plain address only: the first throw ended in
+/// `std::terminate`, the cancel in SIGSEGV, and `backtrace()` saw 2 frames
+/// instead of 8 (g++ 12 under qemu-user).  Elsewhere the same program
+/// without the flag.
+#[test]
+fn pointer_authenticated_frames_keep_exceptions_cancels_and_backtraces() {
+    let spec = ftramp_codegen::Spec::builtin(ftramp_runtime_arch()).expect("host spec");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pac");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rec_pac.cpp");
+    let prog = dir.join("rec_pac");
+    let cxx = compiler().replace("gcc", "g++").replace("cc", "c++");
+    let mut c = Command::new(&cxx);
+    c.args(["-O2", "-fno-optimize-sibling-calls", "-o"]).arg(&prog).arg(&src).arg("-lpthread");
+    c.args(spec.raw.site.flags.split_whitespace()).arg("-fno-ipa-ra");
+    if cfg!(target_arch = "aarch64") {
+        c.arg("-mbranch-protection=standard");
+    }
+    assert!(c.status().unwrap().success(), "{cxx} rec_pac.cpp");
+    for what in ["throw", "cancel", "backtrace"] {
+        let plain = run_untraced(&prog, &[what]);
+        assert!(plain.status.success(), "{what}: {plain:?}");
+        let trace = trace_dir(&format!("pac-{what}"), "function_graph");
+        let out = record(&trace, &prog, &[what], &[]);
+        assert_eq!(out.status.code(), Some(0), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&plain.stdout), "{what}");
+        let got = per_function(&open(&trace).processes[0]);
+        let want: &[(&str, (u64, u64))] = match what {
+            // A third of the throws: their pac_thrower and pac_middle have no exit.
+            "throw" => &[("pac_outer", (30, 30)), ("pac_middle", (30, 20)), ("pac_thrower", (30, 20))],
+            "cancel" => &[("pac_above", (1, 0)), ("pac_wait", (1, 0))],
+            _ => &[("pac_backtrace", (4, 4))],
+        };
+        for (f, n) in want {
+            assert_eq!(count(&got, f), *n, "{what}: {f}: {got:?}");
+        }
+    }
+}
