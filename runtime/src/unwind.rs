@@ -205,6 +205,8 @@ pub(crate) trait Frames {
     /// `f(base, real return address, entry sp)` for each complete frame,
     /// innermost first, until `f` returns false.
     fn each(&self, f: &mut dyn FnMut(usize, usize, usize) -> bool);
+    /// The traced function's patch site of the frame at `base` (0: none).
+    fn ip_of(&self, base: usize) -> usize;
     /// Drops the innermost frame (counted as stale).
     fn drop_innermost(&self);
     /// Drops every frame (counted as stale).
@@ -848,9 +850,52 @@ fn hijacked_forms(rth: usize, fsp: usize) -> [(usize, Signing); 3] {
     }
 }
 
-/// How a slot holding `v` keeps `return_to_handler`, if it does.
-fn hijacked_form(v: usize, forms: &[(usize, Signing); 3]) -> Option<Signing> {
-    forms.iter().find(|(f, _)| *f == v).map(|(_, s)| *s)
+/// How a slot holding `v` keeps `return_to_handler`, if it does.  A
+/// pointer authentication code is a few bits (7 under qemu-user for
+/// 48-bit addresses), so one signature in a hundred or so is all zeros and
+/// the signed form *is* the plain one: the value alone cannot tell a frame
+/// that signs from one that does not, and a wrong guess writes a return
+/// address that the frame's `autiasp` or the unwinder's authentication
+/// turns into a faulting one (Lua built as C++ with pac-ret died of SIGSEGV
+/// at about one throw in three hundred).  Then the function's code decides
+/// (`ip`, its patch site: [`signing_in_code`]).
+fn hijacked_form(v: usize, forms: &[(usize, Signing); 3], ip: &dyn Fn() -> usize) -> Option<Signing> {
+    let mut found = forms.iter().filter(|(f, _)| *f == v).map(|(_, s)| *s);
+    let first = found.next()?;
+    match found.next() {
+        None => Some(first),
+        Some(_) => Some(signing_in_code(ip())),
+    }
+}
+
+/// How the function whose patch site is at `ip` signs its return address:
+/// the `paciasp` (key A) or `pacibsp` (key B) its prologue begins with,
+/// looked for in the instructions after the site up to the first return
+/// (at most 64: GCC may schedule a few instructions before it, or put the
+/// prologue after an early exit), else plain.
+fn signing_in_code(ip: usize) -> Signing {
+    const PACIASP: u32 = 0xd503_233f;
+    const PACIBSP: u32 = 0xd503_237f;
+    if !cfg!(target_arch = "aarch64") || ip == 0 {
+        return Signing::Plain;
+    }
+    let site_len = 8;
+    for i in 0..64 {
+        // SAFETY: the code of a function with a frame on this thread's
+        // shadow stack, mapped while the frame is live; reading at most 64
+        // instructions on from its site, which a `ret` or the end of the
+        // function's text ends first (text is mapped in whole pages and
+        // functions are followed by more code or padding).
+        let insn = unsafe { std::ptr::read_volatile((ip + site_len + 4 * i) as *const u32) };
+        match insn {
+            PACIASP => return Signing::KeyA,
+            PACIBSP => return Signing::KeyB,
+            // ret, retaa, retab
+            0xd65f_03c0 | 0xd65f_0bff | 0xd65f_0fff => return Signing::Plain,
+            _ => {}
+        }
+    }
+    Signing::Plain
 }
 
 /// The return-address slots of the frame `[lo, fsp)` on aarch64: the
@@ -858,13 +903,14 @@ fn hijacked_form(v: usize, forms: &[(usize, Signing); 3]) -> Option<Signing> {
 /// in one of its `forms`, or else every word there holding one.
 fn find_slots_in(lo: usize, fsp: usize, forms: &[(usize, Signing); 3], chain: &[usize], out: &mut Vec<usize>) {
     let start = out.len();
-    out.extend(chain.iter().copied().filter(|a| lo <= *a && *a < fsp && hijacked_form(read(*a), forms).is_some()));
+    let hijacked = |v: usize| forms.iter().any(|(f, _)| *f == v);
+    out.extend(chain.iter().copied().filter(|a| lo <= *a && *a < fsp && hijacked(read(*a))));
     if out.len() > start {
         return;
     }
     let mut a = (lo + 7) & !7;
     while a + 8 <= fsp {
-        if hijacked_form(read(a), forms).is_some() {
+        if hijacked(read(a)) {
             out.push(a);
         }
         a += 8;
@@ -947,7 +993,7 @@ fn restore(fr: &dyn Frames, t: &Thread, st: Stacks, fp: usize, rth: usize) {
         }
         for s in &slots {
             let hijacked = read(*s);
-            let real = hijacked_form(hijacked, &forms).unwrap_or(Signing::Plain).sign(ret, fsp);
+            let real = hijacked_form(hijacked, &forms, &|| fr.ip_of(base)).unwrap_or(Signing::Plain).sign(ret, fsp);
             write(*s, real);
             table.push(Restored { base, sp: fsp, ret, slot: *s, real, hijacked });
         }

@@ -31,6 +31,25 @@ __attribute__((noinline)) int pac_outer(int i) {
     return -1;
   }
 }
+/* Throws from 25 traced frames down, 300 times, each time 16 bytes deeper
+   in the stack (in 64 steps): the frames' return_to_handler is signed with
+   1 600 different stack pointers, and a pointer authentication code is all
+   zeros about once in 128 (7 bits under qemu-user), where the signed and
+   plain forms of an address meet. */
+static int deep_calls;
+__attribute__((noinline)) int pac_deep(int n, int i) {
+  deep_calls++;
+  if (n == 0) {
+    if (i >= 0) throw i;
+    return 0;
+  }
+  return pac_deep(n - 1, i) + 1;
+}
+__attribute__((noinline)) int pac_shift(int i) {
+  volatile char *pad = (volatile char *)__builtin_alloca(16 * (i % 64) + 16);
+  pad[0] = 0;
+  return pac_deep(23, i) + pad[0];
+}
 __attribute__((noinline)) void pac_wait(void) {
   Guard g;
   for (;;) pause();
@@ -62,6 +81,17 @@ int main(int argc, char **argv) {
     pthread_join(t, nullptr);
   }
   if (all || !strcmp(what, "backtrace")) bt_frames = pac_backtrace(3);
+  if (all || !strcmp(what, "deep")) {
+    long caught = 0;
+    for (int i = 0; i < 300; i++) {
+      try {
+        sum += pac_shift(i);
+      } catch (int v) {
+        caught += v;
+      }
+    }
+    printf("caught %ld\npac_deep %d\n", caught, deep_calls);
+  }
   printf("sum %ld\npac_outer %d\npac_middle %d\npac_thrower %d\ndtors %d\nbacktrace_frames %d\n", sum, outer_calls,
          middle_calls, thrower_calls, dtors, bt_frames);
   return 0;
