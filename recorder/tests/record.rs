@@ -2416,7 +2416,10 @@ fn a_library_loaded_again_at_the_same_address_is_patched_again() {
 /// every call recorded.  Until the twenty-ninth session the unwinder hooks
 /// looked for the plain address only: the first throw ended in
 /// `std::terminate`, the cancel in SIGSEGV, and `backtrace()` saw 2 frames
-/// instead of 8 (g++ 12 under qemu-user).  `deep` throws from 25 frames
+/// instead of 8 (g++ 12 under qemu-user).  `cancel-bare` is cancelled in
+/// a frame without cleanups, where the unwinder reaches a hijacked return
+/// before any hook and asks the FDE of `return_to_handler`, whose rule must
+/// strip the code from the restored address (SIGSEGV without).  `deep` throws from 25 frames
 /// down 300 times, at 64 stack depths: the few frames whose signed `return_to_handler` has an
 /// all-zero code, the same as the plain one, must be told apart by their
 /// code (a first fix guessed, and wrote an unsigned return address into a
@@ -2436,7 +2439,7 @@ fn pointer_authenticated_frames_keep_exceptions_cancels_and_backtraces() {
         c.arg("-mbranch-protection=standard");
     }
     assert!(c.status().unwrap().success(), "{cxx} rec_pac.cpp");
-    for what in ["throw", "cancel", "backtrace", "deep"] {
+    for what in ["throw", "cancel", "cancel-bare", "backtrace", "deep"] {
         let plain = run_untraced(&prog, &[what]);
         assert!(plain.status.success(), "{what}: {plain:?}");
         let trace = trace_dir(&format!("pac-{what}"), "function_graph");
@@ -2448,6 +2451,7 @@ fn pointer_authenticated_frames_keep_exceptions_cancels_and_backtraces() {
             // A third of the throws: their pac_thrower and pac_middle have no exit.
             "throw" => &[("pac_outer", (30, 30)), ("pac_middle", (30, 20)), ("pac_thrower", (30, 20))],
             "cancel" => &[("pac_above", (1, 0)), ("pac_wait", (1, 0))],
+            "cancel-bare" => &[("pac_bare_above", (1, 0)), ("pac_bare_wait", (1, 0))],
             "deep" => &[("pac_shift", (300, 0)), ("pac_deep", (7200, 0))],
             _ => &[("pac_backtrace", (4, 4))],
         };

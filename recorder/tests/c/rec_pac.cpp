@@ -58,6 +58,21 @@ __attribute__((noinline)) void pac_above(void) {
   Guard g;
   pac_wait();
 }
+/* Cancelled in a traced frame with nothing to clean up: the forced unwind
+   meets its hijacked return before any hook runs, and the FDE registered
+   for return_to_handler restores (its rule strips the code from the
+   return address the frame signed). */
+__attribute__((noinline)) void pac_bare_wait(void) {
+  for (;;) pause();
+}
+__attribute__((noinline)) void pac_bare_above(void) {
+  Guard g;
+  pac_bare_wait();
+}
+static void *cancelled_bare(void *) {
+  pac_bare_above();
+  return nullptr;
+}
 static void *cancelled(void *) {
   pac_above();
   return nullptr;
@@ -76,6 +91,13 @@ int main(int argc, char **argv) {
   if (all || !strcmp(what, "cancel")) {
     pthread_t t;
     pthread_create(&t, nullptr, cancelled, nullptr);
+    usleep(100000);
+    pthread_cancel(t);
+    pthread_join(t, nullptr);
+  }
+  if (all || !strcmp(what, "cancel-bare")) {
+    pthread_t t;
+    pthread_create(&t, nullptr, cancelled_bare, nullptr);
     usleep(100000);
     pthread_cancel(t);
     pthread_join(t, nullptr);
