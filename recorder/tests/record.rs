@@ -2460,3 +2460,56 @@ fn pointer_authenticated_frames_keep_exceptions_cancels_and_backtraces() {
         }
     }
 }
+
+/// A traced library function that tail-calls `dlsym(RTLD_NEXT, name)`
+/// (`return dlsym(...)` at `-O2`: a jump, so `dlsym` gets the wrapper's own
+/// return address, which function_graph has made `return_to_handler`):
+/// glibc finds the caller's object from that address, and found none, so
+/// `RTLD_NEXT` answered NULL (natively and on aarch64) until the
+/// twenty-ninth session.  The interposer now hands `dlsym` the real return
+/// address; the program finds the next `puts` as untraced, with both
+/// tracers, and the wrapper's call is recorded.
+#[test]
+fn dlsym_rtld_next_tail_called_by_a_traced_function_finds_the_next_object() {
+    let spec = ftramp_codegen::Spec::builtin(ftramp_runtime_arch()).expect("host spec");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rtld-next-tail");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("wrap.c"),
+        "#define _GNU_SOURCE\n#include <dlfcn.h>\nvoid *wrap_next(const char *name) { return dlsym(RTLD_NEXT, name); }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("main.c"),
+        "#include <stdio.h>\nvoid *wrap_next(const char *name);\n\
+         int main(void) {\n  void *p = wrap_next(\"puts\");\n  printf(\"next puts %s\\n\", p ? \"found\" : \"NULL\");\n  return p ? 0 : 1;\n}\n",
+    )
+    .unwrap();
+    let flags: Vec<&str> = spec.raw.site.flags.split_whitespace().collect();
+    let st = Command::new(compiler())
+        .current_dir(&dir)
+        .args(["-O2", "-foptimize-sibling-calls", "-fno-ipa-ra", "-shared", "-fPIC", "-o", "libwrap.so", "wrap.c", "-ldl"])
+        .args(&flags)
+        .status()
+        .unwrap();
+    assert!(st.success(), "libwrap.so");
+    let st = Command::new(compiler())
+        .current_dir(&dir)
+        .args(["-O2", "-fno-ipa-ra", "-o", "main", "main.c", "-L.", "-lwrap", "-Wl,-rpath,$ORIGIN", "-ldl"])
+        .args(&flags)
+        .status()
+        .unwrap();
+    assert!(st.success(), "main");
+    let prog = dir.join("main");
+    let plain = run_untraced(&prog, &[]);
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "next puts found\n", "{plain:?}");
+    for tracer in ["function_graph", "function"] {
+        let trace = trace_dir("rtld-next-tail", tracer);
+        let out = record(&trace, &prog, &[], &[("FTRAMP_TRACER", tracer)]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "next puts found\n", "{tracer}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{tracer}");
+        let got = per_function(&open(&trace).processes[0]);
+        assert_eq!(count(&got, "wrap_next").0, 1, "{tracer}: {got:?}");
+        assert_eq!(count(&got, "main").0, 1, "{tracer}: {got:?}");
+    }
+}
