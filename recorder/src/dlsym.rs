@@ -64,13 +64,34 @@ fn next_versioned(name: &std::ffi::CStr) -> usize {
     std::process::abort()
 }
 
-/// Run by the stub before every `dlsym`: returns libc's `dlsym` for the
-/// stub to jump to.
-extern "C" fn before_dlsym() -> usize {
+/// What the stub jumps to and with which return address.
+#[repr(C)]
+struct Jump {
+    to: usize,
+    ret: usize,
+}
+
+/// Run by the stub before every `dlsym`, with the return address `ret` the
+/// call has and the stack pointer `sp` it entered with (x86_64: the
+/// address of the return address): returns libc's `dlsym` for the stub to
+/// jump to, and the return address to give it.
+///
+/// That is `ret`, the program's, unless a traced function tail-called
+/// `dlsym` (`return dlsym(RTLD_NEXT, name);` at `-O2`): under function_graph
+/// its own return address, which the jump hands on, is `return_to_handler`,
+/// and glibc, which finds the caller's object from it, found none and
+/// answered `RTLD_NEXT` with NULL ("RTLD_NEXT used in code not dynamically
+/// loaded": a wrapper library's lookup of the next `puts` failed, natively
+/// and on aarch64, until the twenty-ninth session).  Then the real return
+/// address goes in its place, as untraced: `dlsym` returns straight to the
+/// tail-caller's caller, and the tail-caller's frame, left without its
+/// return, is dropped as a `longjmp` leaves one (its call shows as
+/// unwound).
+extern "C" fn before_dlsym(ret: usize, sp: usize) -> Jump {
     let real = real_dlsym();
     // No panic may cross into the program.
     let _ = std::panic::catch_unwind(sync_new_modules);
-    real
+    Jump { to: real, ret: ftramp_runtime::fgraph::ret_addr(ret, sp) }
 }
 
 std::thread_local! {
@@ -231,11 +252,15 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "push rdi",
         "push rsi",
         "sub rsp, 8",
+        "mov rdi, [rsp + 24]",
+        "lea rsi, [rsp + 24]",
         "call {hook}",
+        // The return address, the program's (the real one if it was
+        // `return_to_handler`).
+        "mov [rsp + 24], rdx",
         "add rsp, 8",
         "pop rsi",
         "pop rdi",
-        // The return address on the stack is the program's again.
         "jmp rax",
         hook = sym before_dlsym,
     );
@@ -244,11 +269,16 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "stp x29, x30, [sp, #-32]!",
         "mov x29, sp",
         "stp x0, x1, [sp, #16]",
+        "mov x0, x30",
+        "add x1, sp, #32",
         "bl {hook}",
         "mov x16, x0",
+        "mov x17, x1",
         "ldp x0, x1, [sp, #16]",
-        // x30 is the program's return address again.
         "ldp x29, x30, [sp], #32",
+        // The program's return address (the real one if it was
+        // `return_to_handler`).
+        "mov x30, x17",
         "br x16",
         hook = sym before_dlsym,
     );

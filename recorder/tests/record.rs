@@ -2472,3 +2472,110 @@ fn a_library_loaded_again_at_the_same_address_is_patched_again() {
     assert_eq!(count(&got, "reclib_sum"), (20, 20), "{got:?}");
     assert_eq!(count(&got, "reclib_add"), (400, 400), "{got:?}");
 }
+
+/// A C++ program built with pointer authentication on aarch64
+/// (`-mbranch-protection=standard`, the default of Ubuntu's and Fedora's
+/// gcc): its functions sign `x30` before saving it, so a hijacked frame's
+/// slot holds `return_to_handler` signed.  Exceptions thrown through traced
+/// frames are caught, a thread cancelled two traced frames down runs its
+/// destructors, and `backtrace()` sees the whole stack, as untraced, with
+/// every call recorded.  Until the twenty-ninth session the unwinder hooks
+/// looked for the plain address only: the first throw ended in
+/// `std::terminate`, the cancel in SIGSEGV, and `backtrace()` saw 2 frames
+/// instead of 8 (g++ 12 under qemu-user).  `cancel-bare` is cancelled in
+/// a frame without cleanups, where the unwinder reaches a hijacked return
+/// before any hook and asks the FDE of `return_to_handler`, whose rule must
+/// strip the code from the restored address (SIGSEGV without).  `deep` throws from 25 frames
+/// down 300 times, at 64 stack depths: the few frames whose signed `return_to_handler` has an
+/// all-zero code, the same as the plain one, must be told apart by their
+/// code (a first fix guessed, and wrote an unsigned return address into a
+/// signing frame: SIGSEGV).  Elsewhere the same program without the flag.
+#[test]
+fn pointer_authenticated_frames_keep_exceptions_cancels_and_backtraces() {
+    let spec = ftramp_codegen::Spec::builtin(ftramp_runtime_arch()).expect("host spec");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pac");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rec_pac.cpp");
+    let prog = dir.join("rec_pac");
+    let cxx = compiler().replace("gcc", "g++").replace("cc", "c++");
+    let mut c = Command::new(&cxx);
+    c.args(["-O2", "-fno-optimize-sibling-calls", "-o"]).arg(&prog).arg(&src).arg("-lpthread");
+    c.args(spec.raw.site.flags.split_whitespace()).arg("-fno-ipa-ra");
+    if cfg!(target_arch = "aarch64") {
+        c.arg("-mbranch-protection=standard");
+    }
+    assert!(c.status().unwrap().success(), "{cxx} rec_pac.cpp");
+    for what in ["throw", "cancel", "cancel-bare", "backtrace", "deep"] {
+        let plain = run_untraced(&prog, &[what]);
+        assert!(plain.status.success(), "{what}: {plain:?}");
+        let trace = trace_dir(&format!("pac-{what}"), "function_graph");
+        let out = record(&trace, &prog, &[what], &[]);
+        assert_eq!(out.status.code(), Some(0), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&plain.stdout), "{what}");
+        let got = per_function(&open(&trace).processes[0]);
+        let want: &[(&str, (u64, u64))] = match what {
+            // A third of the throws: their pac_thrower and pac_middle have no exit.
+            "throw" => &[("pac_outer", (30, 30)), ("pac_middle", (30, 20)), ("pac_thrower", (30, 20))],
+            "cancel" => &[("pac_above", (1, 0)), ("pac_wait", (1, 0))],
+            "cancel-bare" => &[("pac_bare_above", (1, 0)), ("pac_bare_wait", (1, 0))],
+            "deep" => &[("pac_shift", (300, 0)), ("pac_deep", (7200, 0))],
+            _ => &[("pac_backtrace", (4, 4))],
+        };
+        for (f, n) in want {
+            assert_eq!(count(&got, f), *n, "{what}: {f}: {got:?}");
+        }
+    }
+}
+
+/// A traced library function that tail-calls `dlsym(RTLD_NEXT, name)`
+/// (`return dlsym(...)` at `-O2`: a jump, so `dlsym` gets the wrapper's own
+/// return address, which function_graph has made `return_to_handler`):
+/// glibc finds the caller's object from that address, and found none, so
+/// `RTLD_NEXT` answered NULL (natively and on aarch64) until the
+/// twenty-ninth session.  The interposer now hands `dlsym` the real return
+/// address; the program finds the next `puts` as untraced, with both
+/// tracers, and the wrapper's call is recorded.
+#[test]
+fn dlsym_rtld_next_tail_called_by_a_traced_function_finds_the_next_object() {
+    let spec = ftramp_codegen::Spec::builtin(ftramp_runtime_arch()).expect("host spec");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rtld-next-tail");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("wrap.c"),
+        "#define _GNU_SOURCE\n#include <dlfcn.h>\nvoid *wrap_next(const char *name) { return dlsym(RTLD_NEXT, name); }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("main.c"),
+        "#include <stdio.h>\nvoid *wrap_next(const char *name);\n\
+         int main(void) {\n  void *p = wrap_next(\"puts\");\n  printf(\"next puts %s\\n\", p ? \"found\" : \"NULL\");\n  return p ? 0 : 1;\n}\n",
+    )
+    .unwrap();
+    let flags: Vec<&str> = spec.raw.site.flags.split_whitespace().collect();
+    let st = Command::new(compiler())
+        .current_dir(&dir)
+        .args(["-O2", "-foptimize-sibling-calls", "-fno-ipa-ra", "-shared", "-fPIC", "-o", "libwrap.so", "wrap.c", "-ldl"])
+        .args(&flags)
+        .status()
+        .unwrap();
+    assert!(st.success(), "libwrap.so");
+    let st = Command::new(compiler())
+        .current_dir(&dir)
+        .args(["-O2", "-fno-ipa-ra", "-o", "main", "main.c", "-L.", "-lwrap", "-Wl,-rpath,$ORIGIN", "-ldl"])
+        .args(&flags)
+        .status()
+        .unwrap();
+    assert!(st.success(), "main");
+    let prog = dir.join("main");
+    let plain = run_untraced(&prog, &[]);
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "next puts found\n", "{plain:?}");
+    for tracer in ["function_graph", "function"] {
+        let trace = trace_dir("rtld-next-tail", tracer);
+        let out = record(&trace, &prog, &[], &[("FTRAMP_TRACER", tracer)]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "next puts found\n", "{tracer}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{tracer}");
+        let got = per_function(&open(&trace).processes[0]);
+        assert_eq!(count(&got, "wrap_next").0, 1, "{tracer}: {got:?}");
+        assert_eq!(count(&got, "main").0, 1, "{tracer}: {got:?}");
+    }
+}

@@ -1081,6 +1081,9 @@ impl crate::unwind::Frames for ShadowFrames<'_> {
             }
         }
     }
+    fn ip_of(&self, base: usize) -> usize {
+        self.0.frames().find(|f| f.fb == base).map_or(0, |f| self.0.get(f.top - word::FUNC) as usize)
+    }
     fn drop_innermost(&self) {
         if let Some(f) = self.0.top_frame() {
             self.0.pop(f);

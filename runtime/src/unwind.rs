@@ -205,6 +205,8 @@ pub(crate) trait Frames {
     /// `f(base, real return address, entry sp)` for each complete frame,
     /// innermost first, until `f` returns false.
     fn each(&self, f: &mut dyn FnMut(usize, usize, usize) -> bool);
+    /// The traced function's patch site of the frame at `base` (0: none).
+    fn ip_of(&self, base: usize) -> usize;
     /// Drops the innermost frame (counted as stale).
     fn drop_innermost(&self);
     /// Drops every frame (counted as stale).
@@ -579,6 +581,13 @@ struct Restored {
     sp: usize,
     ret: usize,
     slot: usize,
+    /// What the restore wrote into `slot`: `ret` in the form the frame
+    /// keeps its return address (signed with its key under pac-ret, see
+    /// [`Signing`]).
+    real: usize,
+    /// What `slot` held before, `return_to_handler` in that form: what a
+    /// re-hijack writes back.
+    hijacked: usize,
 }
 
 /// The frames a hook restored, kept without a destructor: a thread-local
@@ -770,18 +779,138 @@ fn write(a: usize, v: usize) {
     unsafe { std::ptr::write_volatile(a as *mut usize, v) }
 }
 
+/// How a frame keeps its return address in its slot on aarch64.  A
+/// function built with pointer authentication (`-mbranch-protection=
+/// standard` or `pac-ret`, the default of Ubuntu's and Fedora's gcc) signs
+/// `x30` at entry (`paciasp`, or `pacibsp` with `+b-key`), with the stack
+/// pointer it was entered with as the modifier, before it saves it, and
+/// authenticates it before its `ret`; libgcc's unwinder authenticates the
+/// saved word the same way (`autia1716` with the frame's CFA).  Its slot
+/// then holds `return_to_handler` signed, never the plain address: until
+/// the twenty-ninth session a restore compared slots with the plain one,
+/// found none, and every exception thrown through such a traced frame
+/// under function_graph ended the program in `std::terminate` (aarch64
+/// under qemu-user, g++ 12 with `-mbranch-protection=standard`).  The
+/// restore now recognises the signed forms, and writes the real return
+/// address signed the same way (and `return_to_handler` so when it
+/// re-hijacks), so that both the unwinder and the frame's own
+/// authentication accept it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Signing {
+    Plain,
+    KeyA,
+    KeyB,
+}
+
+impl Signing {
+    /// `p` as a frame entered with `sp` keeps it under this signing.
+    fn sign(self, p: usize, sp: usize) -> usize {
+        match self {
+            Signing::Plain => p,
+            Signing::KeyA => pac(p, sp, false),
+            Signing::KeyB => pac(p, sp, true),
+        }
+    }
+}
+
+/// `p` signed with the instruction key A or B and modifier `m`
+/// (`pacia1716`/`pacib1716`: hint-space instructions, which leave `p` as it
+/// is on a CPU without pointer authentication, where `paciasp` does too).
+/// Elsewhere than on aarch64, `p`.
+#[inline]
+fn pac(p: usize, m: usize, key_b: bool) -> usize {
+    #[cfg(target_arch = "aarch64")]
+    {
+        let mut x17 = p;
+        // SAFETY: pacia1716/pacib1716 only compute a value from x16 and x17.
+        unsafe {
+            if key_b {
+                std::arch::asm!("hint #10", inout("x17") x17, in("x16") m, options(nomem, nostack, preserves_flags, pure));
+            } else {
+                std::arch::asm!("hint #8", inout("x17") x17, in("x16") m, options(nomem, nostack, preserves_flags, pure));
+            }
+        }
+        x17
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        let _ = (m, key_b);
+        p
+    }
+}
+
+/// The forms of `return_to_handler` a frame entered with `fsp` may keep in
+/// its slot: plain, signed with key A, with key B (the same value three
+/// times where nothing signs).
+fn hijacked_forms(rth: usize, fsp: usize) -> [(usize, Signing); 3] {
+    if cfg!(target_arch = "aarch64") {
+        [(rth, Signing::Plain), (pac(rth, fsp, false), Signing::KeyA), (pac(rth, fsp, true), Signing::KeyB)]
+    } else {
+        [(rth, Signing::Plain); 3]
+    }
+}
+
+/// How a slot holding `v` keeps `return_to_handler`, if it does.  A
+/// pointer authentication code is a few bits (7 under qemu-user for
+/// 48-bit addresses), so one signature in a hundred or so is all zeros and
+/// the signed form *is* the plain one: the value alone cannot tell a frame
+/// that signs from one that does not, and a wrong guess writes a return
+/// address that the frame's `autiasp` or the unwinder's authentication
+/// turns into a faulting one (Lua built as C++ with pac-ret died of SIGSEGV
+/// at about one throw in three hundred).  Then the function's code decides
+/// (`ip`, its patch site: [`signing_in_code`]).
+fn hijacked_form(v: usize, forms: &[(usize, Signing); 3], ip: &dyn Fn() -> usize) -> Option<Signing> {
+    let mut found = forms.iter().filter(|(f, _)| *f == v).map(|(_, s)| *s);
+    let first = found.next()?;
+    match found.next() {
+        None => Some(first),
+        Some(_) => Some(signing_in_code(ip())),
+    }
+}
+
+/// How the function whose patch site is at `ip` signs its return address:
+/// the `paciasp` (key A) or `pacibsp` (key B) its prologue begins with,
+/// looked for in the instructions after the site up to the first return
+/// (at most 64: GCC may schedule a few instructions before it, or put the
+/// prologue after an early exit), else plain.
+fn signing_in_code(ip: usize) -> Signing {
+    const PACIASP: u32 = 0xd503_233f;
+    const PACIBSP: u32 = 0xd503_237f;
+    if !cfg!(target_arch = "aarch64") || ip == 0 {
+        return Signing::Plain;
+    }
+    let site_len = 8;
+    for i in 0..64 {
+        // SAFETY: the code of a function with a frame on this thread's
+        // shadow stack, mapped while the frame is live; reading at most 64
+        // instructions on from its site, which a `ret` or the end of the
+        // function's text ends first (text is mapped in whole pages and
+        // functions are followed by more code or padding).
+        let insn = unsafe { std::ptr::read_volatile((ip + site_len + 4 * i) as *const u32) };
+        match insn {
+            PACIASP => return Signing::KeyA,
+            PACIBSP => return Signing::KeyB,
+            // ret, retaa, retab
+            0xd65f_03c0 | 0xd65f_0bff | 0xd65f_0fff => return Signing::Plain,
+            _ => {}
+        }
+    }
+    Signing::Plain
+}
+
 /// The return-address slots of the frame `[lo, fsp)` on aarch64: the
-/// frame records on the chain in that range whose x30 is `rth`, or else
-/// every word there holding `rth`.
-fn find_slots_in(lo: usize, fsp: usize, rth: usize, chain: &[usize], out: &mut Vec<usize>) {
+/// frame records on the chain in that range whose x30 is `return_to_handler`
+/// in one of its `forms`, or else every word there holding one.
+fn find_slots_in(lo: usize, fsp: usize, forms: &[(usize, Signing); 3], chain: &[usize], out: &mut Vec<usize>) {
     let start = out.len();
-    out.extend(chain.iter().copied().filter(|a| lo <= *a && *a < fsp && read(*a) == rth));
+    let hijacked = |v: usize| forms.iter().any(|(f, _)| *f == v);
+    out.extend(chain.iter().copied().filter(|a| lo <= *a && *a < fsp && hijacked(read(*a))));
     if out.len() > start {
         return;
     }
     let mut a = (lo + 7) & !7;
     while a + 8 <= fsp {
-        if read(a) == rth {
+        if hijacked(read(a)) {
             out.push(a);
         }
         a += 8;
@@ -839,7 +968,8 @@ fn restore(fr: &dyn Frames, t: &Thread, st: Stacks, fp: usize, rth: usize) {
         if !st.live(fsp) {
             return true;
         }
-        let known = table.iter().any(|r| r.base == base && r.sp == fsp && r.ret == ret && st.mapped(r.slot) && read(r.slot) == ret);
+        let known = table.iter().any(|r| r.base == base && r.sp == fsp && r.ret == ret && st.mapped(r.slot) && read(r.slot) == r.real);
+        let forms = hijacked_forms(rth, fsp);
         slots.clear();
         if cfg!(target_arch = "x86_64") {
             if read(fsp) == rth {
@@ -855,15 +985,17 @@ fn restore(fr: &dyn Frames, t: &Thread, st: Stacks, fp: usize, rth: usize) {
                 lo = fsp.saturating_sub(64 << 10).max(r.0);
             }
             if st.readable(lo, fsp) {
-                find_slots_in(lo, fsp, rth, &chain, &mut slots);
+                find_slots_in(lo, fsp, &forms, &chain, &mut slots);
             }
             if slots.is_empty() && !known && ret != rth {
                 UNRESTORED.fetch_add(1, Relaxed);
             }
         }
         for s in &slots {
-            write(*s, ret);
-            table.push(Restored { base, sp: fsp, ret, slot: *s });
+            let hijacked = read(*s);
+            let real = hijacked_form(hijacked, &forms, &|| fr.ip_of(base)).unwrap_or(Signing::Plain).sign(ret, fsp);
+            write(*s, real);
+            table.push(Restored { base, sp: fsp, ret, slot: *s, real, hijacked });
         }
         prev = (lo, fsp);
         lo = fsp;
@@ -883,7 +1015,7 @@ fn restore(fr: &dyn Frames, t: &Thread, st: Stacks, fp: usize, rth: usize) {
 /// were unwound (their stack is reused): they are dropped.
 fn rehijack(fr: &dyn Frames, t: &Thread, st: &Stacks, rth: usize, keep: &dyn Fn(usize) -> bool) {
     let Ok(mut table) = t.restored.try_borrow_mut() else { return };
-    let holds = |r: &Restored| st.mapped(r.slot) && read(r.slot) == r.ret;
+    let holds = |r: &Restored| st.mapped(r.slot) && read(r.slot) == r.real;
     let mut dead = 0;
     fr.each(&mut |base, ret, fsp| {
         // (A frame whose return address is `return_to_handler` was
@@ -900,7 +1032,7 @@ fn rehijack(fr: &dyn Frames, t: &Thread, st: &Stacks, rth: usize, keep: &dyn Fn(
         if keep(fsp) {
             for r in table.iter().filter(|r| r.base == base && r.sp == fsp && r.ret == ret) {
                 if holds(r) {
-                    write(r.slot, rth);
+                    write(r.slot, r.hijacked);
                 }
             }
         }
@@ -965,9 +1097,16 @@ fn return_eh_frame(rth: usize, personality: usize) -> Vec<u8> {
     let mut cie = CommonInformationEntry::new(encoding, 1, -8, ra);
     cie.personality = Some((gimli::DW_EH_PE_absptr, Address::Constant(personality as u64)));
     cie.add_instruction(CallFrameInstruction::Cfa(sp, 0));
-    // ra = reg(ra); if ra == rth { 0 } else { ra }
+    // ra = reg(ra) & mask; if ra == rth { 0 } else { ra }
+    // (The mask strips a pointer authentication code: the frame below may
+    // keep its return address signed, see `Signing`, and libgcc
+    // authenticates it only for a frame whose CIE says so, not for this one.)
     let mut e = Expression::new();
     e.op_breg(ra, 0);
+    if cfg!(target_arch = "aarch64") {
+        e.op_constu(code_address_mask() as u64);
+        e.op(gimli::DW_OP_and);
+    }
     e.op(gimli::DW_OP_dup);
     e.op_constu(rth as u64);
     e.op(gimli::DW_OP_ne);
@@ -986,6 +1125,25 @@ fn return_eh_frame(rth: usize, personality: usize) -> Vec<u8> {
     let mut v = out.0.into_vec();
     v.extend_from_slice(&[0; 4]);
     v
+}
+
+/// The bits of a code address that are not a pointer authentication code
+/// (aarch64: `xpaclri` of the largest lower-half address clears the code's
+/// bits and keeps the others; without pointer authentication it is a NOP,
+/// and the mask keeps every bit of a user address).
+fn code_address_mask() -> usize {
+    #[cfg(target_arch = "aarch64")]
+    {
+        let mut lr: usize = 0x007f_ffff_ffff_ffff;
+        // SAFETY: xpaclri (a hint-space instruction) only rewrites x30,
+        // which the asm block names as its operand.
+        unsafe { std::arch::asm!("hint #7", inout("x30") lr, options(nomem, nostack, preserves_flags, pure)) };
+        lr
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        usize::MAX
+    }
 }
 
 /// The personality routine of `return_to_handler`'s FDE: the unwinder met
