@@ -4,10 +4,11 @@
 //! The module watcher patches a new library within ~10 ms of its `dlopen`;
 //! a program that calls into it at once (`dlopen`, `dlsym`, call: the
 //! plugin pattern) ran those first calls untraced.  `dlopen` itself cannot
-//! be wrapped: glibc takes the address its call returns to as the caller,
-//! whose `RUNPATH` and `$ORIGIN` find the library, and a wrapper would be
-//! that caller.  `dlsym` is the next step of the pattern, so it is wrapped
-//! the same way it is called: the stub below saves the arguments, runs
+//! be wrapped by a function that calls it: glibc takes the address its
+//! call returns to as the caller, whose `RUNPATH` and `$ORIGIN` find the
+//! library, and a wrapper would be that caller.  `dlsym` is the next step
+//! of the pattern, so it is wrapped the same way it is called: the stub
+//! below saves the arguments, runs
 //! [`before_dlsym`] (which has the engine patch, and the recorder name,
 //! what any loader change brought first, see [`sync_new_modules`]), and
 //! *jumps* to libc's `dlsym`, so that the return address glibc reads (for
@@ -18,6 +19,11 @@
 //! and the check here finds it known; without it (`FTRAMP_AUDIT=`,
 //! an old glibc), calls into a new library made before any `dlsym`, e.g.
 //! by its own constructors, are left to the watcher.
+//!
+//! `dlopen` and `dlmopen` get such a stub with no check, only to give
+//! glibc the real return address when a traced function tail-called them
+//! under function_graph ([`before_dlopen`]).  (`dlvsym`, which the recorder
+//! itself uses to find libc's functions, is left alone.)
 //!
 //! `dlclose` is interposed too (a plain wrapper: glibc's does not look at
 //! its caller): before a library can go away, the functions that got ids
@@ -283,3 +289,104 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         hook = sym before_dlsym,
     );
 }
+
+/// libc's `dlopen` and `dlmopen` (0: not looked up yet).
+static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLMOPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// libc's `name`, looked up once into `cache`.
+fn real_cached(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
+    let r = cache.load(Relaxed);
+    if r != 0 {
+        return r;
+    }
+    let p = next_versioned(name);
+    cache.store(p, Relaxed);
+    p
+}
+
+/// Run by the `dlopen` stub: libc's `dlopen` and the return address to give
+/// it, the program's, with a hijacked one replaced as for `dlsym`
+/// ([`before_dlsym`]).  glibc takes the object that address is in as the
+/// caller and searches the library in that caller's `RPATH`/`RUNPATH`
+/// (and its namespace): a traced function that tail-calls `dlopen`
+/// (`return dlopen(name, RTLD_NOW);` at `-O2`) under function_graph hands
+/// on `return_to_handler`, in no object, and glibc searched the main
+/// program's paths instead of the calling library's; a plugin found
+/// through the library's `RUNPATH` was not found until the twenty-ninth
+/// session.
+extern "C" fn before_dlopen(ret: usize, sp: usize) -> Jump {
+    Jump { to: real_cached(&REAL_DLOPEN, c"dlopen"), ret: ftramp_runtime::fgraph::ret_addr(ret, sp) }
+}
+
+/// [`before_dlopen`] for `dlmopen`.
+extern "C" fn before_dlmopen(ret: usize, sp: usize) -> Jump {
+    Jump { to: real_cached(&REAL_DLMOPEN, c"dlmopen"), ret: ftramp_runtime::fgraph::ret_addr(ret, sp) }
+}
+
+/// A stub that keeps the first three integer arguments, has `$hook(return
+/// address, entry sp)` say where to jump and with which return address,
+/// and jumps there (as the `dlsym` stub does, for a function without a
+/// check of its own).
+macro_rules! jump_stub {
+    ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty, $hook:ident) => {
+        $(#[$doc])*
+        #[no_mangle]
+        #[unsafe(naked)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            std::arch::naked_asm!(
+                // rsp = 8 mod 16 at entry; after three pushes: 0 mod 16.
+                "push rdi",
+                "push rsi",
+                "push rdx",
+                "mov rdi, [rsp + 24]",
+                "lea rsi, [rsp + 24]",
+                "call {hook}",
+                "mov [rsp + 24], rdx",
+                "pop rdx",
+                "pop rsi",
+                "pop rdi",
+                "jmp rax",
+                hook = sym $hook,
+            );
+            #[cfg(target_arch = "aarch64")]
+            std::arch::naked_asm!(
+                "stp x29, x30, [sp, #-48]!",
+                "mov x29, sp",
+                "stp x0, x1, [sp, #16]",
+                "str x2, [sp, #32]",
+                "mov x0, x30",
+                "add x1, sp, #48",
+                "bl {hook}",
+                "mov x16, x0",
+                "mov x17, x1",
+                "ldp x0, x1, [sp, #16]",
+                "ldr x2, [sp, #32]",
+                "ldp x29, x30, [sp], #48",
+                "mov x30, x17",
+                "br x16",
+                hook = sym $hook,
+            );
+        }
+    };
+}
+
+jump_stub!(
+    /// `dlopen`, which glibc answers from its caller's paths: see
+    /// [`before_dlopen`].
+    ///
+    /// # Safety
+    /// As libc's `dlopen`.
+    dlopen(file: *const c_char, mode: std::ffi::c_int) -> *mut c_void,
+    before_dlopen
+);
+
+jump_stub!(
+    /// `dlmopen`: see [`before_dlopen`].
+    ///
+    /// # Safety
+    /// As libc's `dlmopen`.
+    dlmopen(lmid: libc::Lmid_t, file: *const c_char, mode: std::ffi::c_int) -> *mut c_void,
+    before_dlmopen
+);

@@ -2534,24 +2534,36 @@ fn pointer_authenticated_frames_keep_exceptions_cancels_and_backtraces() {
 /// `RTLD_NEXT` answered NULL (natively and on aarch64) until the
 /// twenty-ninth session.  The interposer now hands `dlsym` the real return
 /// address; the program finds the next `puts` as untraced, with both
-/// tracers, and the wrapper's call is recorded.
+/// tracers, and the wrapper's call is recorded.  The same for a wrapper
+/// that tail-calls `dlopen`: glibc searches the `RUNPATH` of the caller
+/// (the wrapper's caller, a library, for a tail call), here the only place
+/// the plugin is, and searched the main program's instead.
 #[test]
-fn dlsym_rtld_next_tail_called_by_a_traced_function_finds_the_next_object() {
+fn dlsym_and_dlopen_tail_called_by_a_traced_function_see_the_real_caller() {
     let spec = ftramp_codegen::Spec::builtin(ftramp_runtime_arch()).expect("host spec");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rtld-next-tail");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("wrap.c"),
-        "#define _GNU_SOURCE\n#include <dlfcn.h>\nvoid *wrap_next(const char *name) { return dlsym(RTLD_NEXT, name); }\n",
+        "#define _GNU_SOURCE\n#include <dlfcn.h>\nvoid *wrap_next(const char *name) { return dlsym(RTLD_NEXT, name); }\n\
+         void *wrap_open(const char *name) { return dlopen(name, RTLD_NOW); }\n",
     )
     .unwrap();
+    std::fs::write(dir.join("plug.c"), "int plug_answer(void) { return 42; }\n").unwrap();
+    // glibc takes the caller of a tail-called `dlopen` to be the wrapper's
+    // caller: a library whose RUNPATH alone finds the plugin.
+    std::fs::write(dir.join("mid.c"), "void *wrap_open(const char *name);\nvoid *mid_open(const char *name) { return wrap_open(name); }\n").unwrap();
     std::fs::write(
         dir.join("main.c"),
-        "#include <stdio.h>\nvoid *wrap_next(const char *name);\n\
-         int main(void) {\n  void *p = wrap_next(\"puts\");\n  printf(\"next puts %s\\n\", p ? \"found\" : \"NULL\");\n  return p ? 0 : 1;\n}\n",
+        "#include <stdio.h>\nvoid *wrap_next(const char *name);\nvoid *mid_open(const char *name);\n\
+         int main(void) {\n  void *p = wrap_next(\"puts\");\n  printf(\"next puts %s\\n\", p ? \"found\" : \"NULL\");\n\
+           void *h = mid_open(\"libplug.so\");\n  printf(\"plugin %s\\n\", h ? \"found\" : \"NULL\");\n  return p && h ? 0 : 1;\n}\n",
     )
     .unwrap();
     let flags: Vec<&str> = spec.raw.site.flags.split_whitespace().collect();
+    std::fs::create_dir_all(dir.join("plugins")).unwrap();
+    let st = Command::new(compiler()).current_dir(&dir).args(["-O2", "-shared", "-fPIC", "-o", "plugins/libplug.so", "plug.c"]).status().unwrap();
+    assert!(st.success(), "libplug.so");
     let st = Command::new(compiler())
         .current_dir(&dir)
         .args(["-O2", "-foptimize-sibling-calls", "-fno-ipa-ra", "-shared", "-fPIC", "-o", "libwrap.so", "wrap.c", "-ldl"])
@@ -2559,23 +2571,34 @@ fn dlsym_rtld_next_tail_called_by_a_traced_function_finds_the_next_object() {
         .status()
         .unwrap();
     assert!(st.success(), "libwrap.so");
+    // (A call, not a jump, so that libmid.so is wrap_open's caller; its
+    // RUNPATH is the only place the plugin is found from.)
     let st = Command::new(compiler())
         .current_dir(&dir)
-        .args(["-O2", "-fno-ipa-ra", "-o", "main", "main.c", "-L.", "-lwrap", "-Wl,-rpath,$ORIGIN", "-ldl"])
+        .args(["-O2", "-fno-optimize-sibling-calls", "-shared", "-fPIC", "-o", "libmid.so", "mid.c", "-L.", "-lwrap"])
+        .args(["-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/plugins"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "libmid.so");
+    let st = Command::new(compiler())
+        .current_dir(&dir)
+        .args(["-O2", "-fno-ipa-ra", "-o", "main", "main.c", "-L.", "-lmid", "-lwrap", "-Wl,-rpath,$ORIGIN", "-ldl"])
         .args(&flags)
         .status()
         .unwrap();
     assert!(st.success(), "main");
     let prog = dir.join("main");
     let plain = run_untraced(&prog, &[]);
-    assert_eq!(String::from_utf8_lossy(&plain.stdout), "next puts found\n", "{plain:?}");
+    let expected = "next puts found\nplugin found\n";
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), expected, "{plain:?}");
     for tracer in ["function_graph", "function"] {
         let trace = trace_dir("rtld-next-tail", tracer);
         let out = record(&trace, &prog, &[], &[("FTRAMP_TRACER", tracer)]);
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "next puts found\n", "{tracer}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), expected, "{tracer}: {}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(out.status.code(), Some(0), "{tracer}");
         let got = per_function(&open(&trace).processes[0]);
         assert_eq!(count(&got, "wrap_next").0, 1, "{tracer}: {got:?}");
+        assert_eq!(count(&got, "wrap_open").0, 1, "{tracer}: {got:?}");
         assert_eq!(count(&got, "main").0, 1, "{tracer}: {got:?}");
     }
 }
