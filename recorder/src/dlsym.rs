@@ -35,17 +35,21 @@ use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-/// libc's `dlsym` (0: not looked up yet).
-static REAL: AtomicUsize = AtomicUsize::new(0);
+/// libc's `dlsym`, `dlclose`, `dlopen` and `dlmopen` (0: not looked up yet).
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLMOPEN: AtomicUsize = AtomicUsize::new(0);
 
-/// libc's `dlsym`, looked up with `dlvsym`, which is not interposed.
-fn real_dlsym() -> usize {
-    let r = REAL.load(Relaxed);
+/// libc's `name`, looked up once into `cache` with `dlvsym`, which is not
+/// interposed ([`next_versioned`]).
+fn real_cached(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
+    let r = cache.load(Relaxed);
     if r != 0 {
         return r;
     }
-    let p = next_versioned(c"dlsym");
-    REAL.store(p, Relaxed);
+    let p = next_versioned(name);
+    cache.store(p, Relaxed);
     p
 }
 
@@ -94,7 +98,7 @@ struct Jump {
 /// return, is dropped as a `longjmp` leaves one (its call shows as
 /// unwound).
 extern "C" fn before_dlsym(ret: usize, sp: usize) -> Jump {
-    let real = real_dlsym();
+    let real = real_cached(&REAL_DLSYM, c"dlsym");
     // No panic may cross into the program.
     let _ = std::panic::catch_unwind(sync_new_modules);
     Jump { to: real, ret: ftramp_runtime::fgraph::ret_addr(ret, sp) }
@@ -213,9 +217,6 @@ fn objects_added() {
     });
 }
 
-/// libc's `dlclose` (0: not looked up yet).
-static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
-
 /// Names what the loader's changes since the writer last looked brought,
 /// before the program's `dlclose` can unload it.  Not from the runtime's
 /// own threads or calls (which `dlclose` the handles they take to wait for
@@ -224,110 +225,10 @@ fn before_dlclose() {
     on_program_thread(crate::session::name_new_sites);
 }
 
-/// `dlclose`: see the module docs.
-///
-/// # Safety
-/// As libc's `dlclose`.
-#[no_mangle]
-pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> std::ffi::c_int {
-    // No panic may cross into the program.
-    let _ = std::panic::catch_unwind(before_dlclose);
-    let mut real = REAL_DLCLOSE.load(Relaxed);
-    if real == 0 {
-        real = next_versioned(c"dlclose");
-        REAL_DLCLOSE.store(real, Relaxed);
-    }
-    // SAFETY: `real` is libc's `dlclose` (found by name and version), whose
-    // signature this is; the caller's contract is libc's.
-    unsafe {
-        let f: unsafe extern "C" fn(*mut c_void) -> std::ffi::c_int = std::mem::transmute(real);
-        f(handle)
-    }
-}
-
-/// `dlsym`: see the module docs.
-///
-/// # Safety
-/// As libc's `dlsym`.
-#[no_mangle]
-#[unsafe(naked)]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    #[cfg(target_arch = "x86_64")]
-    std::arch::naked_asm!(
-        // rsp = 8 mod 16 at entry; after two pushes and 8 bytes: 0 mod 16.
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "mov rdi, [rsp + 24]",
-        "lea rsi, [rsp + 24]",
-        "call {hook}",
-        // The return address, the program's (the real one if it was
-        // `return_to_handler`).
-        "mov [rsp + 24], rdx",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "jmp rax",
-        hook = sym before_dlsym,
-    );
-    #[cfg(target_arch = "aarch64")]
-    std::arch::naked_asm!(
-        "stp x29, x30, [sp, #-32]!",
-        "mov x29, sp",
-        "stp x0, x1, [sp, #16]",
-        "mov x0, x30",
-        "add x1, sp, #32",
-        "bl {hook}",
-        "mov x16, x0",
-        "mov x17, x1",
-        "ldp x0, x1, [sp, #16]",
-        "ldp x29, x30, [sp], #32",
-        // The program's return address (the real one if it was
-        // `return_to_handler`).
-        "mov x30, x17",
-        "br x16",
-        hook = sym before_dlsym,
-    );
-}
-
-/// libc's `dlopen` and `dlmopen` (0: not looked up yet).
-static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
-static REAL_DLMOPEN: AtomicUsize = AtomicUsize::new(0);
-
-/// libc's `name`, looked up once into `cache`.
-fn real_cached(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
-    let r = cache.load(Relaxed);
-    if r != 0 {
-        return r;
-    }
-    let p = next_versioned(name);
-    cache.store(p, Relaxed);
-    p
-}
-
-/// Run by the `dlopen` stub: libc's `dlopen` and the return address to give
-/// it, the program's, with a hijacked one replaced as for `dlsym`
-/// ([`before_dlsym`]).  glibc takes the object that address is in as the
-/// caller and searches the library in that caller's `RPATH`/`RUNPATH`
-/// (and its namespace): a traced function that tail-calls `dlopen`
-/// (`return dlopen(name, RTLD_NOW);` at `-O2`) under function_graph hands
-/// on `return_to_handler`, in no object, and glibc searched the main
-/// program's paths instead of the calling library's; a plugin found
-/// through the library's `RUNPATH` was not found until the twenty-ninth
-/// session.
-extern "C" fn before_dlopen(ret: usize, sp: usize) -> Jump {
-    Jump { to: real_cached(&REAL_DLOPEN, c"dlopen"), ret: ftramp_runtime::fgraph::ret_addr(ret, sp) }
-}
-
-/// [`before_dlopen`] for `dlmopen`.
-extern "C" fn before_dlmopen(ret: usize, sp: usize) -> Jump {
-    Jump { to: real_cached(&REAL_DLMOPEN, c"dlmopen"), ret: ftramp_runtime::fgraph::ret_addr(ret, sp) }
-}
-
 /// A stub that keeps the first three integer arguments, has `$hook(return
-/// address, entry sp)` say where to jump and with which return address,
-/// and jumps there (as the `dlsym` stub does, for a function without a
-/// check of its own).
+/// address, entry sp)` say where to jump and with which return address
+/// (the program's, the real one if it was `return_to_handler`), and jumps
+/// there: glibc reads that address as the caller's.
 macro_rules! jump_stub {
     ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty, $hook:ident) => {
         $(#[$doc])*
@@ -370,6 +271,51 @@ macro_rules! jump_stub {
             );
         }
     };
+}
+
+jump_stub!(
+    /// `dlsym`: see the module docs.
+    ///
+    /// # Safety
+    /// As libc's `dlsym`.
+    dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void,
+    before_dlsym
+);
+
+/// `dlclose`: see the module docs.
+///
+/// # Safety
+/// As libc's `dlclose`.
+#[no_mangle]
+pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> std::ffi::c_int {
+    // No panic may cross into the program.
+    let _ = std::panic::catch_unwind(before_dlclose);
+    let real = real_cached(&REAL_DLCLOSE, c"dlclose");
+    // SAFETY: `real` is libc's `dlclose` (found by name and version), whose
+    // signature this is; the caller's contract is libc's.
+    unsafe {
+        let f: unsafe extern "C" fn(*mut c_void) -> std::ffi::c_int = std::mem::transmute(real);
+        f(handle)
+    }
+}
+
+/// Run by the `dlopen` stub: libc's `dlopen` and the return address to give
+/// it, the program's, with a hijacked one replaced as for `dlsym`
+/// ([`before_dlsym`]).  glibc takes the object that address is in as the
+/// caller and searches the library in that caller's `RPATH`/`RUNPATH`
+/// (and its namespace): a traced function that tail-calls `dlopen`
+/// (`return dlopen(name, RTLD_NOW);` at `-O2`) under function_graph hands
+/// on `return_to_handler`, in no object, and glibc searched the main
+/// program's paths instead of the calling library's; a plugin found
+/// through the library's `RUNPATH` was not found until the twenty-ninth
+/// session.
+extern "C" fn before_dlopen(ret: usize, sp: usize) -> Jump {
+    Jump { to: real_cached(&REAL_DLOPEN, c"dlopen"), ret: ftramp_runtime::fgraph::ret_addr(ret, sp) }
+}
+
+/// [`before_dlopen`] for `dlmopen`.
+extern "C" fn before_dlmopen(ret: usize, sp: usize) -> Jump {
+    Jump { to: real_cached(&REAL_DLMOPEN, c"dlmopen"), ret: ftramp_runtime::fgraph::ret_addr(ret, sp) }
 }
 
 jump_stub!(
