@@ -148,7 +148,7 @@ fn built() -> &'static Built {
         ]
         .concat());
         cc([common.clone(), vec!["-o".into(), p(&b.nosites), s("rec_nosites.c")]].concat());
-        cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.own_malloc), s("rec_own_malloc.c")]].concat());
+        cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.own_malloc), s("rec_own_malloc.c"), "-ldl".into()]].concat());
         cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.exit_free), s("rec_exit_free.c"), "-lpthread".into()]].concat());
         cc([common.clone(), site.clone(), vec!["-o".into(), p(&b.own_getenv), s("rec_own_getenv.c")]].concat());
         cc([common.clone(), vec!["-shared".into(), "-fPIC".into(), "-o".into(), p(&b.slow_audit), s("rec_slow_startup_audit.c")]].concat());
@@ -1746,6 +1746,43 @@ fn the_recorder_never_calls_the_programs_own_malloc() {
         // main's own, plus the few libc makes around it (stdio's buffer).
         let own = c["allocations"];
         assert!(own >= 2000 && calls >= own && calls <= own + 20, "{tracer}: {calls} allocator calls recorded, the program made {own} in main: {got:?}");
+    }
+}
+
+/// The same program loading a library with sites 10 times while main runs
+/// (bash loads its builtins so): the recorder's module watcher hooks the
+/// unwinder in each new library and looked up again, each time, every
+/// function it hooks that it had not found, with `dlsym` — in a C program,
+/// the C++ runtime's and Boost.Context's.  A lookup that fails makes glibc
+/// allocate its error message with the program's `malloc`: 3 `malloc` and
+/// 6 `free` calls per library loaded, made on the watcher's thread (while
+/// main's thread was in the same allocator, made for one thread) or inside
+/// the program's own `dlsym`, and recorded as the program's.  Now only the
+/// functions some module imports are looked up.  Both tracers.
+#[test]
+fn libraries_loaded_while_main_runs_make_the_recorder_call_no_allocator_of_the_programs() {
+    let b = built();
+    let lib = b.lib.to_str().unwrap();
+    let plain = Command::new(&b.own_malloc).args(["dlopen", lib]).output().unwrap();
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let untraced = &counters(&plain.stdout)[0];
+    assert_eq!(untraced["in_dlsym"], 0, "glibc's dlsym allocated: the test cannot tell");
+    for tracer in ["function_graph", "function"] {
+        let dir = trace_dir(&format!("own-malloc-dlopen-{tracer}"), tracer);
+        let out = record(&dir, &b.own_malloc, &["dlopen", lib], &[("FTRAMP_TRACER", tracer)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{tracer}: {stderr}");
+        let c = &counters(&out.stdout)[0];
+        assert_eq!(c["sum"], untraced["sum"], "{tracer}");
+        assert_eq!(
+            (c["foreign_in_main"], c["overlaps"], c["in_dlsym"]),
+            (0, 0, 0),
+            "{tracer}: the recorder called the program's allocator while main ran; {stderr}"
+        );
+        let p = &open(&dir).processes[0];
+        let got = per_function(p);
+        assert_eq!(count(&got, "work").0, 1000, "{tracer}: {got:?}");
+        assert_eq!((count(&got, "reclib_sum").0, count(&got, "reclib_add").0), (10, 100), "{tracer}: {got:?}");
     }
 }
 

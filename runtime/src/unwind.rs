@@ -259,17 +259,31 @@ pub fn install() -> Result<usize, RuntimeError> {
     crate::ftrace::on_modules_changed(rescan);
     let mut g = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
     let st = g.get_or_insert_with(|| Installed { done: HashSet::new(), generation: None, pending: false });
-    // dlsym takes the loader lock: before `with_loaded`.
+    // Only the functions some module still to settle imports are looked
+    // up: a lookup that fails makes glibc allocate its error message with
+    // the allocator the loader was given, which is the program's `malloc`
+    // when the program defines one (bash).  A C program imports none of
+    // the C++ runtime's functions or Boost.Context's, and each of its
+    // `dlopen`s looked all 7 up again: 3 program `malloc` and 6 `free`
+    // calls per library loaded, made on the module watcher's thread into
+    // an allocator the program wrote for one thread, and recorded as the
+    // program's own.  (A successful lookup allocates nothing.)
+    let wanted = pending_imports(st);
+    let mut imported = [false; HOOKED.len()];
+    for &e in wanted.iter().flat_map(|(_, _, entries)| entries) {
+        imported[e] = true;
+    }
+    // dlsym takes the loader lock: outside `with_loaded`.
     for (i, name) in HOOKED.iter().enumerate() {
-        if REAL[i].load(Relaxed) == 0 {
+        if imported[i] && REAL[i].load(Relaxed) == 0 {
             let c = std::ffi::CString::new(*name).expect("no NUL in the names");
             // SAFETY: dlsym with a NUL-terminated name only looks it up.
             let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) } as usize;
             REAL[i].store(p, Release);
         }
     }
-    if REAL.iter().any(|r| r.load(Relaxed) == 0) {
-        resolve_in_local_scopes(st);
+    if imported.iter().zip(&REAL).any(|(&i, r)| i && r.load(Relaxed) == 0) {
+        resolve_in_local_scopes(wanted);
     }
     let real: Vec<usize> = REAL.iter().map(|r| r.load(Acquire)).collect();
     let hooks = hook_addrs();
@@ -472,8 +486,27 @@ fn find_slots(live: &Live<'_>) -> Vec<(usize, usize)> {
     out
 }
 
+/// The modules not settled yet (not in `st.done`) with the functions of
+/// [`HOOKED`] each imports (GOT slots naming them): (is the main program,
+/// path, entries).
+fn pending_imports(st: &Installed) -> Vec<(bool, Vec<u8>, Vec<usize>)> {
+    with_loaded(|set| {
+        let mut wanted = Vec::new();
+        for live in set.iter().filter(|l| !st.done.contains(&l.obj.key())) {
+            let mut entries: Vec<usize> = find_slots(&live).iter().map(|&(_, e)| e).collect();
+            entries.sort_unstable();
+            entries.dedup();
+            if !entries.is_empty() {
+                wanted.push((live.obj.is_main, live.obj.name.clone(), entries));
+            }
+        }
+        wanted
+    })
+}
+
 /// Finds the functions of [`HOOKED`] that the global lookup did not
-/// (`REAL` 0) in the scope of the modules that import them: a C program that
+/// (`REAL` 0) in the scope of the modules that import them (`wanted`, from
+/// [`pending_imports`]): a C program that
 /// `dlopen`s a C++ plugin `RTLD_LOCAL` has `libstdc++` (`__cxa_begin_catch`)
 /// in the plugin's scope alone.  Until the twenty-seventh session such a
 /// slot was left unhooked, and the frames a caught exception left in place
@@ -481,27 +514,14 @@ fn find_slots(live: &Live<'_>) -> Vec<(usize, usize)> {
 /// `RTLD_NOLOAD` gives the module's handle (and its reference back with
 /// `dlclose`); `dlsym` on it searches its dependencies.  Outside the loader
 /// lock, as `dlsym` takes it: the names come from a first pass.
-fn resolve_in_local_scopes(st: &Installed) {
-    // Each module with the missing functions it imports.  Only those are
-    // looked up, and a module whose are all found by then is not opened:
-    // the watcher hooks a new library's unwinder before it patches its
-    // sites (`hooks_cover`), so this delays the tracing of a `dlopen`ed
-    // library (under qemu-user, each `dlopen`/`dlsym` here took
-    // milliseconds).
-    let wanted = with_loaded(|set| {
-        let mut wanted = Vec::new();
-        for live in set.iter().filter(|l| !l.obj.is_main && !st.done.contains(&l.obj.key())) {
-            let mut entries: Vec<usize> = find_slots(&live).iter().map(|&(_, e)| e).filter(|&e| REAL[e].load(Relaxed) == 0).collect();
-            entries.sort_unstable();
-            entries.dedup();
-            if !entries.is_empty() {
-                wanted.push((live.obj.name.clone(), entries));
-            }
-        }
-        wanted
-    });
-    for (name, entries) in wanted {
-        if entries.iter().all(|&e| REAL[e].load(Relaxed) != 0) {
+fn resolve_in_local_scopes(wanted: Vec<(bool, Vec<u8>, Vec<usize>)>) {
+    // Only the missing functions a module imports are looked up, and a
+    // module whose are all found by then is not opened: the watcher hooks
+    // a new library's unwinder before it patches its sites (`hooks_cover`),
+    // so this delays the tracing of a `dlopen`ed library (under qemu-user,
+    // each `dlopen`/`dlsym` here took milliseconds).
+    for (is_main, name, entries) in wanted {
+        if is_main || entries.iter().all(|&e| REAL[e].load(Relaxed) != 0) {
             continue;
         }
         let Ok(path) = std::ffi::CString::new(name) else { continue };

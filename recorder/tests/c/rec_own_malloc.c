@@ -10,8 +10,20 @@
  *   foreign_in_main N    calls from other threads while main ran
  *   overlaps N           calls made while another thread was inside one
  *   allocations M        the calls main's thread made inside main
+ *
+ * With arguments `dlopen LIB`, main also loads LIB (with sites) 10 times
+ * while it runs, looks up `reclib_sum` in it, calls it and closes it, and
+ * prints
+ *
+ *   in_dlsym N           allocator calls made while its dlsym ran (a lookup
+ *                        that succeeds allocates nothing)
+ *
+ * The recorder must not look up, with a lookup that fails, the functions
+ * its unwinder hooks need when no module imports them: glibc allocates
+ * the error message with the program's malloc.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,13 +37,16 @@ extern void *__libc_realloc(void *, size_t);
 extern void __libc_free(void *);
 
 static atomic_long foreign_in_main, overlaps, in_main_calls;
-static atomic_int inside, in_main;
+static atomic_long in_dlsym_calls;
+static atomic_int inside, in_main, in_dlsym;
 static char *volatile sink;
 
 static void enter(void)
 {
 	if (atomic_fetch_add(&inside, 1) != 0)
 		atomic_fetch_add(&overlaps, 1);
+	if (atomic_load(&in_dlsym))
+		atomic_fetch_add(&in_dlsym_calls, 1);
 	int main_thread = gettid() == getpid();
 	if (!atomic_load(&in_main))
 		return;
@@ -64,8 +79,26 @@ __attribute__((noinline)) static long work(long i)
 	return s;
 }
 
-int main(void)
+static long load_and_call(const char *lib)
 {
+	void *h = dlopen(lib, RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "dlopen %s: %s\n", lib, dlerror());
+		return -1;
+	}
+	/* Time for the recorder's module watcher to see the library. */
+	usleep(2000);
+	atomic_store(&in_dlsym, 1);
+	long (*f)(long) = (long (*)(long))dlsym(h, "reclib_sum");
+	atomic_store(&in_dlsym, 0);
+	long r = f ? f(10) : -1;
+	dlclose(h);
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	const char *lib = argc > 2 && strcmp(argv[1], "dlopen") == 0 ? argv[2] : NULL;
 	atomic_store(&in_main, 1);
 	long s = 0;
 	/* ~60 ms, two thirds of it inside the allocator, so that the
@@ -74,9 +107,13 @@ int main(void)
 		s += work(i % 200);
 		if (i % 5 == 0)
 			usleep(100);
+		if (lib && i % 100 == 0)
+			s += load_and_call(lib);
 	}
 	atomic_store(&in_main, 0);
 	printf("foreign_in_main %ld\noverlaps %ld\nallocations %ld\nsum %ld\n", atomic_load(&foreign_in_main),
 	       atomic_load(&overlaps), atomic_load(&in_main_calls), s);
+	if (lib)
+		printf("in_dlsym %ld\n", atomic_load(&in_dlsym_calls));
 	return 0;
 }
