@@ -1763,7 +1763,7 @@ fn the_recorder_never_calls_the_programs_own_malloc() {
 fn libraries_loaded_while_main_runs_make_the_recorder_call_no_allocator_of_the_programs() {
     let b = built();
     let lib = b.lib.to_str().unwrap();
-    let plain = Command::new(&b.own_malloc).args(["dlopen", lib]).output().unwrap();
+    let plain = run_untraced(&b.own_malloc, &["dlopen", lib]);
     assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
     let untraced = &counters(&plain.stdout)[0];
     assert_eq!(untraced["in_dlsym"], 0, "glibc's dlsym allocated: the test cannot tell");
