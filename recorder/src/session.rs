@@ -954,7 +954,11 @@ pub fn write_loss_note(out: &mut dyn std::fmt::Write, cause: usize, n: u64, plac
             "{n} calls not recorded{place} (nested deeper than the {SHADOW_STACK_FRAMES} frames a shadow stack holds; \
              each tail call made by a jump counts as a level, as its frame returns only with its caller's)"
         ),
-        3 => write!(out, "{n} calls not recorded{place} (made by signal handlers that interrupted the recorder)"),
+        3 => write!(
+            out,
+            "{n} calls not recorded{place} (made while the recorder was running on their thread: by signal handlers \
+             that interrupted it, or by a C library function it called that calls the program's own, such as its `malloc`)"
+        ),
         _ => write!(
             out,
             "{n} events not recorded{place}: calls made by exiting threads after their last thread-exit hook, \

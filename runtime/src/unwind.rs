@@ -719,16 +719,66 @@ pub(crate) fn alt_stack() -> Option<(usize, usize)> {
     Some((ss.ss_sp as usize, ss.ss_sp as usize + ss.ss_size))
 }
 
-/// This thread's stack (`pthread_getattr_np`, cached; not
-/// async-signal-safe: called only from the hooks).
+/// This thread's stack (cached; not async-signal-safe: called only from
+/// the hooks).
+///
+/// For the process's initial thread, computed here from
+/// `/proc/self/maps` as glibc's `pthread_getattr_np` does, rather than
+/// with it: glibc reads the file with `fopen` and `getline` and copies
+/// the thread's CPU set, 13 calls of the `malloc`, `realloc` and `free`
+/// the program links (a program's own allocator: bash's, jemalloc's),
+/// which ran inside the hook, so fgraph's recursion guard left them
+/// untraced and the recorder reported them as calls of signal handlers
+/// that had interrupted it (a C program with its own `malloc` calling a
+/// C++ library that throws).  Other threads still take
+/// `pthread_getattr_np` (no file; 4 such calls, for the CPU set, once per
+/// thread), as does the initial thread when the hook runs off its stack
+/// (on a coroutine's or the alternate signal stack).
 fn thread_stack(t: &Thread) -> (usize, usize) {
     let s = t.stack.get();
     if s.1 != 0 {
         return s;
     }
+    let here = &s as *const (usize, usize) as usize;
+    let r = match initial_thread_stack() {
+        Some(r) if within(r, here) => r,
+        _ => stack_of_pthread(),
+    };
+    t.stack.set(r);
+    r
+}
+
+/// The initial thread's stack, if this is the initial thread (its tid is
+/// the pid) and `/proc/self/maps` can be read.
+fn initial_thread_stack() -> Option<(usize, usize)> {
+    extern "C" {
+        /// The loader's: the top of the initial thread's stack as the
+        /// kernel set it up (`__libc_stack_end`, exported by ld.so).
+        static __libc_stack_end: *mut c_void;
+    }
+    // SAFETY: gettid and getpid have no arguments and cannot fail.
+    if unsafe { libc::gettid() != libc::getpid() } {
+        return None;
+    }
+    // SAFETY: ld.so sets `__libc_stack_end` before any code of ours runs
+    // and never changes it after; reading the pointer's value touches
+    // nothing else.
+    let stack_end = unsafe { std::ptr::addr_of!(__libc_stack_end).read() } as usize;
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the limit into `rl`, a live local.
+    if stack_end == 0 || unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut rl) } != 0 {
+        return None;
+    }
+    let limit = usize::try_from(rl.rlim_cur).unwrap_or(usize::MAX);
+    Maps::read().ok()?.initial_thread_stack(stack_end, limit)
+}
+
+/// This thread's stack by `pthread_getattr_np` (`(0, usize::MAX)`, all
+/// of memory, if it fails).
+fn stack_of_pthread() -> (usize, usize) {
     // SAFETY: pthread_attr_t is plain data initialised by pthread_getattr_np
     // and destroyed once; pthread_attr_getstack writes two out-parameters.
-    let r = unsafe {
+    unsafe {
         let mut attr: libc::pthread_attr_t = std::mem::zeroed();
         if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
             return (0, usize::MAX);
@@ -741,9 +791,7 @@ fn thread_stack(t: &Thread) -> (usize, usize) {
         } else {
             (0, usize::MAX)
         }
-    };
-    t.stack.set(r);
-    r
+    }
 }
 
 /// Where frames may be read and which are alive, as seen from `sp`.

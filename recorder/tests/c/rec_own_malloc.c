@@ -21,6 +21,12 @@
  * The recorder must not look up, with a lookup that fails, the functions
  * its unwinder hooks need when no module imports them: glibc allocates
  * the error message with the program's malloc.
+ *
+ * With arguments `plugin LIB` (rec_plugin.cpp's library), main loads it
+ * RTLD_LOCAL and has it catch 20 C++ exceptions, and prints
+ *
+ *   in_catch N           allocator calls made inside plugin_catch (the
+ *                        exceptions' own: the same traced as untraced)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -37,8 +43,8 @@ extern void *__libc_realloc(void *, size_t);
 extern void __libc_free(void *);
 
 static atomic_long foreign_in_main, overlaps, in_main_calls;
-static atomic_long in_dlsym_calls;
-static atomic_int inside, in_main, in_dlsym;
+static atomic_long in_dlsym_calls, in_catch_calls;
+static atomic_int inside, in_main, in_dlsym, in_catch;
 static char *volatile sink;
 
 static void enter(void)
@@ -47,6 +53,8 @@ static void enter(void)
 		atomic_fetch_add(&overlaps, 1);
 	if (atomic_load(&in_dlsym))
 		atomic_fetch_add(&in_dlsym_calls, 1);
+	if (atomic_load(&in_catch))
+		atomic_fetch_add(&in_catch_calls, 1);
 	int main_thread = gettid() == getpid();
 	if (!atomic_load(&in_main))
 		return;
@@ -96,8 +104,29 @@ static long load_and_call(const char *lib)
 	return r;
 }
 
+/* The C++ plugin's exceptions: how many plugin_catch caught, or -1. */
+static long catch_in_plugin(const char *path)
+{
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	int (*catcher)(int) = h ? (int (*)(int))dlsym(h, "plugin_catch") : NULL;
+	if (!catcher) {
+		fprintf(stderr, "plugin %s: %s\n", path, dlerror());
+		return -1;
+	}
+	atomic_store(&in_catch, 1);
+	long got = catcher(20);
+	atomic_store(&in_catch, 0);
+	dlclose(h);
+	return got;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 2 && strcmp(argv[1], "plugin") == 0) {
+		long got = catch_in_plugin(argv[2]);
+		printf("caught %ld\nin_catch %ld\nforeign_in_main %ld\n", got, atomic_load(&in_catch_calls), atomic_load(&foreign_in_main));
+		return got == 20 ? 0 : 1;
+	}
 	const char *lib = argc > 2 && strcmp(argv[1], "dlopen") == 0 ? argv[2] : NULL;
 	atomic_store(&in_main, 1);
 	long s = 0;

@@ -76,6 +76,22 @@ impl Maps {
     }
 }
 
+impl Maps {
+    /// The initial thread's stack `[lo, hi)` as glibc's `pthread_getattr_np`
+    /// computes it: from the page above `stack_end` (`__libc_stack_end`)
+    /// down by what `RLIMIT_STACK`'s soft limit leaves of the stack's
+    /// mapping above that page (in whole pages), but not below the end of
+    /// the mapping under the stack's.  None if no mapping holds `stack_end`.
+    pub(crate) fn initial_thread_stack(&self, stack_end: usize, rlimit: usize) -> Option<(usize, usize)> {
+        let i = self.0.iter().position(|m| m.start <= stack_end && stack_end < m.end)?;
+        let last_to = if i == 0 { 0 } else { self.0[i - 1].end };
+        let page = page_size();
+        let hi = (stack_end & !(page - 1)) + page;
+        let size = (rlimit.wrapping_sub(self.0[i].end - hi) & !(page - 1)).min(hi - last_to);
+        Some((hi - size, hi))
+    }
+}
+
 fn parse_line(line: &str) -> Option<Mapping> {
     let mut it = line.split_whitespace();
     let (a, b) = it.next()?.split_once('-')?;
