@@ -25,6 +25,12 @@
 //! under function_graph ([`before_dlopen`]).  (`dlvsym`, which the recorder
 //! itself uses to find libc's functions, is left alone.)
 //!
+//! `vfork` gets a stub too, for another reason: its child runs on the
+//! calling thread's memory until it `exec`s or `_exit`s, and a wrapper's
+//! frame would be returned from twice.  Its hook puts the thread's slot
+//! aside, so that the child's calls are not written as the thread's
+//! ([`before_vfork`]).
+//!
 //! `dlclose` is interposed too (a plain wrapper: glibc's does not look at
 //! its caller): before a library can go away, the functions that got ids
 //! since the writer last looked are named ([`before_dlclose`]), so that the
@@ -40,6 +46,7 @@ static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLMOPEN: AtomicUsize = AtomicUsize::new(0);
+static REAL_VFORK: AtomicUsize = AtomicUsize::new(0);
 
 /// libc's `name`, looked up once into `cache` with `dlvsym`, which is not
 /// interposed ([`next_versioned`]).
@@ -335,4 +342,47 @@ jump_stub!(
     /// As libc's `dlmopen`.
     dlmopen(lmid: libc::Lmid_t, file: *const c_char, mode: std::ffi::c_int) -> *mut c_void,
     before_dlmopen
+);
+
+/// Run by the `vfork` stub, in the thread calling `vfork`: puts its slot
+/// aside while the child may run ([`crate::pool::Local::enter_vfork`]) and
+/// returns libc's `vfork` with the program's return address.  (`vfork`
+/// returns twice, so compilers never tail-call it: that address is never
+/// a hijacked one.)
+extern "C" fn before_vfork(ret: usize, _sp: usize) -> Jump {
+    let real = match REAL_VFORK.load(Relaxed) {
+        0 => {
+            // Not `real_cached`: `vfork` kept its base version in glibc
+            // 2.34, and a `dlvsym` of a version it lacks fails, which makes
+            // glibc allocate the error with the program's `malloc`.
+            let dlsym = real_cached(&REAL_DLSYM, c"dlsym");
+            // SAFETY: libc's dlsym, with RTLD_NEXT (valid in a shared
+            // object: the next definition after the recorder's) and a
+            // NUL-terminated name.
+            let p = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void = std::mem::transmute(dlsym);
+                f(libc::RTLD_NEXT, c"vfork".as_ptr())
+            } as usize;
+            if p == 0 {
+                let msg = b"ftramp record: cannot find libc's vfork\n";
+                // SAFETY: write(2) of a static buffer.
+                unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
+                std::process::abort()
+            }
+            REAL_VFORK.store(p, Relaxed);
+            p
+        }
+        p => p,
+    };
+    crate::pool::local().enter_vfork();
+    Jump { to: real, ret }
+}
+
+jump_stub!(
+    /// `vfork`: see [`before_vfork`].
+    ///
+    /// # Safety
+    /// As libc's `vfork`.
+    vfork() -> libc::pid_t,
+    before_vfork
 );

@@ -462,6 +462,9 @@ pub struct Local {
     pub open: Cell<usize>,
     /// Minimum duration: the frames at depths below this are written.
     pub written: Cell<usize>,
+    /// Set by the `vfork` interposer ([`Local::enter_vfork`]): the slot
+    /// put aside while a `vfork` child may run on this thread's memory.
+    vfork: Cell<Option<*const Slot>>,
 }
 
 thread_local! {
@@ -471,6 +474,7 @@ thread_local! {
             depths: Cell::new(std::ptr::null()),
             written: Cell::new(0),
             open: Cell::new(0),
+            vfork: Cell::new(None),
         }
     };
 }
@@ -496,6 +500,45 @@ impl Local {
         // SAFETY: `depths` is null or points into DEPTHS (claim_slot), and
         // while it is not null `cur` points into SLOTS (above).
         Some(unsafe { (&*p, &*d) })
+    }
+
+    /// Before `vfork` (its interposer, on the thread calling it): the
+    /// child runs on this thread's stack and memory — this very `Local`,
+    /// slot, shadow stack — while the thread waits, until it `exec`s or
+    /// `_exit`s.  Its calls are not the thread's, and it is not followed
+    /// (its `exec`, if any, is): the slot and depths are put aside, so that
+    /// the tracer's fast paths fail and its slow paths ask
+    /// [`Local::in_vfork_child`], which records nothing for the child and
+    /// puts them back in the thread once it runs again.  Until the
+    /// thirtieth session the child's calls were written into the thread's
+    /// buffer as its own (dash and CPython's `subprocess` run code between
+    /// `vfork` and `exec`).
+    pub fn enter_vfork(&self) {
+        if self.vfork.get().is_none() {
+            self.vfork.set(Some(self.cur.get()));
+            // (The fast paths test `depths`: cleared first, as when a slot
+            // is released.)
+            self.depths.set(std::ptr::null());
+            self.cur.set(std::ptr::null());
+        }
+    }
+
+    /// True in a `vfork` child ([`Local::enter_vfork`]): record nothing.
+    /// In the thread that called `vfork`, running again (it is the process
+    /// being recorded), puts its slot back and returns false.
+    #[cold]
+    #[inline(never)]
+    pub fn in_vfork_child(&self) -> bool {
+        let Some(p) = self.vfork.get() else { return false };
+        if !crate::session::recording() {
+            return true;
+        }
+        self.cur.set(p);
+        if let Some(i) = SLOTS.iter().position(|s| std::ptr::eq(s, p)) {
+            self.depths.set(&DEPTHS[i]);
+        }
+        self.vfork.set(None);
+        false
     }
 
     /// [`Local::depths`], claiming the thread's slot first if it has none
@@ -560,6 +603,7 @@ extern "C" fn release_slot_at_exit() {
         return;
     }
     let Ok(p) = LOCAL.try_with(|l| {
+        let _ = l.in_vfork_child();
         l.depths.set(std::ptr::null());
         l.cur.replace(std::ptr::null())
     }) else {
@@ -745,6 +789,9 @@ pub fn lose(n: u64) {
 #[cold]
 #[inline(never)]
 fn emit_slow(local: &Local, base: u64, now: u64) {
+    if local.in_vfork_child() {
+        return;
+    }
     let Some(pool) = Pool::get() else { return };
     if STOPPED.load(Acquire) {
         // After the final flush (the fast paths fail on the closed slots'
@@ -957,7 +1004,10 @@ pub fn lost_total() -> u64 {
 
 /// This thread's slot, for fork (null if it recorded nothing).
 pub fn current_slot() -> Option<&'static Slot> {
-    let p = LOCAL.with(|l| l.cur.get());
+    let p = LOCAL.with(|l| {
+        let _ = l.in_vfork_child();
+        l.cur.get()
+    });
     // SAFETY: `cur` only ever points into SLOTS.
     (!p.is_null()).then(|| unsafe { &*p })
 }

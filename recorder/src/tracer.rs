@@ -21,7 +21,7 @@
 //! the buffer.  Anything else goes to the general path, out of line.
 
 use crate::ids::{lookup, lookup_published, NO_ID};
-use crate::pool::{emit, local_cached, local_if_cached, lose, Depths, Local, DEPTH_SLOTS};
+use crate::pool::{emit, local, local_cached, local_if_cached, lose, Depths, Local, DEPTH_SLOTS};
 use ftramp_runtime::clock::ticks;
 use ftramp_runtime::fgraph::{Fgraph, GraphEnt, GraphRet};
 use ftramp_runtime::ops::Ops;
@@ -128,6 +128,9 @@ extern "C" fn emit_slow_then_open(l: &Local, base: u64, now: u64, open: usize) -
 #[inline(never)]
 extern "C" fn graph_entry_slow(ent: &GraphEnt, user: &Fgraph) -> bool {
     let d = ent.depth;
+    if local_cached(ent.task_var(user)).in_vfork_child() {
+        return false;
+    }
     if d >= MAX_DEPTH.load(Relaxed) {
         return false;
     }
@@ -200,6 +203,9 @@ extern "C" fn graph_return_slow(ret: &GraphRet, user: &Fgraph) {
     let now = ticks();
     let d = ret.depth;
     let l = local_cached(ret.task_var(user));
+    if l.in_vfork_child() {
+        return;
+    }
     // The id entered at this depth, which is this frame's.
     let id = match l.depths().and_then(|dp| dp.ids.get(d)) {
         Some(c) => c.load(Relaxed),
@@ -248,8 +254,13 @@ pub extern "C" fn function_entry(ip: usize, _parent: usize, _op: &Ops, _regs: &m
     let now = ticks();
     let id = lookup(ip);
     if id == NO_ID {
-        lose(1);
+        // (Not in a `vfork` child: its calls are not the thread's.)
+        if !local().in_vfork_child() {
+            lose(1);
+        }
         return;
     }
+    // (In a `vfork` child the slot is put aside: `emit`'s slow path drops
+    // the event.)
     emit(Event::entry(id, 0), now);
 }

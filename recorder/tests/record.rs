@@ -1818,6 +1818,40 @@ fn exceptions_in_a_c_program_with_its_own_malloc_make_no_allocator_calls_of_the_
     assert_eq!(count(&got, "plugin_catch").0, 1, "{got:?}");
 }
 
+/// `vfork` children that call traced functions before they `_exit` (dash
+/// and CPython's `subprocess` run code between `vfork` and `exec`): a
+/// child runs on its parent's memory, and its calls were written into the
+/// parent thread's buffer as the parent's own (5 `rec_child` calls and 20
+/// `rec_leaf` the parent never made).  The recorder's `vfork` stub now
+/// puts the thread's buffer aside until the parent runs again; the
+/// children are not followed (the documented rule; their `exec`s are).
+/// Both tracers, and the program's output as untraced (under qemu-user,
+/// whose `vfork` is a `fork`, the children have memory of their own, and
+/// the same holds).
+#[test]
+fn vfork_children_calling_traced_functions_are_not_recorded_as_their_parent() {
+    let plain = run_untraced(&built().tracee, &["vfork-work"]);
+    assert!(plain.status.success());
+    let untraced = &counters(&plain.stdout)[0];
+    assert_eq!(untraced["vfork_statuses"], 15, "{untraced:?}");
+    for tracer in ["function_graph", "function"] {
+        let (dir, out) = record_tracee("vfork-work", tracer, &["vfork-work"], &[("FTRAMP_TRACER", tracer)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{tracer}: {stderr}");
+        assert_eq!(&counters(&out.stdout)[0], untraced, "{tracer}: {stderr}");
+        let t = open(&dir);
+        assert_eq!(t.processes.len(), 1, "{tracer}: the children are not followed");
+        let p = &t.processes[0];
+        assert_eq!(p.lost, 0, "{tracer}: {stderr}");
+        let got = per_function(p);
+        assert_eq!(count(&got, "rec_child").0, 0, "{tracer}: the children's calls recorded as the parent's: {got:?}");
+        assert_eq!((count(&got, "rec_before").0, count(&got, "rec_leaf").0), (5, 5), "{tracer}: {got:?}");
+        if tracer == "function_graph" {
+            assert_eq!(count(&got, "rec_leaf").1, 5, "{tracer}: {got:?}");
+        }
+    }
+}
+
 /// A program with its own `getenv` and `setenv` (bash's look up and bind
 /// its shell variables, not `environ`): the recorder reads and sets its
 /// variables without them.  Its exec interposer asked the program's

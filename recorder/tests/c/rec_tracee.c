@@ -1195,6 +1195,30 @@ int main(int argc, char **argv)
         printf("never read\n");
         return 0;
     }
+    if (!strcmp(mode, "vfork-work")) {
+        /* 5 vfork children, each calling traced functions before _exit
+         * (as dash and CPython's subprocess run code between vfork and
+         * exec): rec_child and 4 rec_leaf calls in each child; the parent
+         * calls rec_before (and one rec_leaf in it) after each.  The
+         * children run on the parent's memory and are not followed: the
+         * trace has the parent's calls only. */
+        long statuses = 0;
+        for (int i = 0; i < 5; i++) {
+            pid_t c = vfork();
+            if (c == 0) {
+                rec_child();
+                for (int k = 0; k < 3; k++)
+                    rec_leaf(k);
+                _exit(3);
+            }
+            int st = 0;
+            waitpid(c, &st, 0);
+            statuses += WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+            rec_before();
+        }
+        printf("vfork_statuses %ld\nvfork_n_child %ld\nvfork_n_before %ld\n", statuses, n_child, n_before);
+        return 0;
+    }
     if (!strcmp(mode, "dlopen-then-fork")) {
         /* N times: load a library, fork soon after (while the runtime may
          * be handling it on another thread); the child looks a symbol up
