@@ -162,7 +162,9 @@ enum Cmd {
     /// (`ftramp record [options] -- PROG ARGS...`; exits with the program's status).
     ///
     /// Ctrl-C goes to the program; `ftramp record` waits for it to end and
-    /// then finishes the trace.
+    /// then finishes the trace.  SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1,
+    /// SIGUSR2 and SIGALRM sent to `ftramp record`'s pid alone (by a process
+    /// outside its process group) are passed on to the program.
     ///
     /// The program runs with the recorder library in `LD_PRELOAD` and its
     /// audit module in `LD_AUDIT` (which starts recording before any

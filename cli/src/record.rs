@@ -426,7 +426,7 @@ pub fn run(a: RecordArgs) -> Result<i32> {
             // program, as untraced (exec would reset our handler to the
             // default action).
             let ignored = IGNORED_AT_START.load(SeqCst);
-            for sig in TERMINAL_SIGNALS.into_iter().filter(|&s| ignored & (1 << s) != 0) {
+            for sig in TERMINAL_SIGNALS.into_iter().chain(PASSED_ON_SIGNALS).filter(|&s| ignored & (1 << s) != 0) {
                 libc::signal(sig, libc::SIG_IGN);
             }
             Ok(())
@@ -729,7 +729,16 @@ static TERMINAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// The signals [`catch_terminal_signals`] handles.
 const TERMINAL_SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP];
 
-/// Those of [`TERMINAL_SIGNALS`] that were ignored when `ftramp record`
+/// Signals whose default action ends a process and that a supervisor sends
+/// to the pid it started to mean the program (dd's and nginx's SIGUSR1, a
+/// watchdog's SIGALRM): passed on by [`catch_terminal_signals`]'s rule,
+/// and otherwise nothing to `ftramp record` (they do not stop its wait for
+/// processes left running).  Until the thirtieth session such a signal
+/// ended `ftramp record`, and the program was killed with it
+/// (`PR_SET_PDEATHSIG`) without running its handler.
+const PASSED_ON_SIGNALS: [libc::c_int; 3] = [libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM];
+
+/// Those of [`TERMINAL_SIGNALS`] and [`PASSED_ON_SIGNALS`] that were ignored when `ftramp record`
 /// started (bit N for signal N): the program starts with them ignored.
 static IGNORED_AT_START: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -767,7 +776,7 @@ fn pass_on_pending() {
 
 /// While the program runs: SIGINT, SIGQUIT, SIGTERM and SIGHUP do not end
 /// `ftramp record`, which waits for the program to end and finishes the
-/// trace.  (Before, SIGTERM and SIGHUP ended `ftramp record` at once:
+/// trace; nor do the [`PASSED_ON_SIGNALS`].  (Before, SIGTERM and SIGHUP ended `ftramp record` at once:
 /// `timeout` returned while the program was still cleaning up, with the
 /// program's status lost and the trace unfinished.)
 ///
@@ -795,7 +804,7 @@ fn pass_on_pending() {
 /// such a program's `kill -INT` through `ftramp record`'s pid was lost).
 fn catch_terminal_signals() {
     extern "C" fn note(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-        if IGNORED_AT_START.load(SeqCst) & (1 << sig) == 0 {
+        if IGNORED_AT_START.load(SeqCst) & (1 << sig) == 0 && TERMINAL_SIGNALS.contains(&sig) {
             TERMINAL_SIGNAL.store(sig, SeqCst);
         }
         if info.is_null() {
@@ -824,7 +833,7 @@ fn catch_terminal_signals() {
             pass_on_pending();
         }
     }
-    for sig in TERMINAL_SIGNALS {
+    for sig in TERMINAL_SIGNALS.into_iter().chain(PASSED_ON_SIGNALS) {
         // SAFETY: queries, then installs an async-signal-safe handler that
         // notes the signal (an atomic store) and may pass it on (system
         // calls only).
