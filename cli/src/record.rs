@@ -300,6 +300,22 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // (Before glibc 2.34 the module could not start recording early, and
     // would only take TLS room.)
     let audit = find_audit(&preload)?.filter(|_| ftramp_recorder::early_start_supported());
+    // A program whose allocator lives in a library with TLS that is not
+    // initial-exec would die before `main` beside the module (glibc
+    // allocates that TLS with the allocator, which recurses:
+    // `startup::dynamic_tls_allocator`): it runs without it.  (Until the
+    // thirtieth session it died of SIGSEGV under `ftramp record`, a
+    // `-fPIC` malloc with one `__thread` counter; untraced it runs.)
+    let audit = audit.filter(|_| {
+        let (ld_library_path, preload) = (std::env::var_os("LD_LIBRARY_PATH"), std::env::var_os("LD_PRELOAD"));
+        let Some(lib) = startup::dynamic_tls_allocator(&prog, ld_library_path.as_deref(), preload.as_deref()) else { return true };
+        note!(
+            "ftramp record: {lib} defines the allocator and has thread-local storage that is not initial-exec, which \
+             glibc would allocate with that allocator beside an audit module, for ever: the program runs without \
+             {AUDIT_NAME}, so calls made by the constructors of the libraries it links are not recorded"
+        );
+        false
+    });
     // Room for the initial-exec TLS of the program's libraries beside the
     // audit module (ftramp_recorder::startup): the user's own tunables
     // go back into the environment when the recorder starts.

@@ -214,6 +214,86 @@ fn a_library_with_much_initial_exec_tls_gets_room_beside_the_audit_module() {
     }
 }
 
+/// A program whose `malloc` is a library's own with a `__thread` counter
+/// (`-fPIC`: general-dynamic TLS) died of SIGSEGV before `main` under
+/// `ftramp record` and ran untraced: beside an audit module glibc
+/// allocates such a library's TLS with `malloc` at a thread's first use,
+/// and that `malloc` touching its TLS allocated again, for ever (any
+/// audit module does it; found with a malloc-counting preload on redis in
+/// the thirtieth session).  Such a program now runs without the module,
+/// and says so; the same library with initial-exec TLS keeps it.  Linked
+/// and preloaded, both tracers.
+#[test]
+fn an_allocator_library_with_dynamic_tls_runs_without_the_audit_module() {
+    let dir0 = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-tlsmalloc");
+    std::fs::create_dir_all(&dir0).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let alloc = |model: &str| {
+        format!(
+            "#include <stddef.h>\n\
+             extern void *__libc_malloc(size_t); extern void __libc_free(void *);\n\
+             extern void *__libc_calloc(size_t, size_t); extern void *__libc_realloc(void *, size_t);\n\
+             static __thread {model} unsigned long count;\n\
+             void *malloc(size_t s) {{ count++; return __libc_malloc(s); }}\n\
+             void free(void *p) {{ __libc_free(p); }}\n\
+             void *calloc(size_t a, size_t b) {{ count++; return __libc_calloc(a, b); }}\n\
+             void *realloc(void *p, size_t s) {{ count++; return __libc_realloc(p, s); }}\n\
+             unsigned long tls_malloc_count(void) {{ return count; }}\n"
+        )
+    };
+    let dynamic = write("dyn.c", &alloc(""));
+    let initial = write("ie.c", &alloc("__attribute__((tls_model(\"initial-exec\")))"));
+    let main = write(
+        "m.c",
+        "#include <stdio.h>\n#include <stdlib.h>\n\
+         __attribute__((noinline)) int work(int i) { char *p = malloc(16 + i); int r = p != 0; free(p); return r; }\n\
+         int main(void) { int n = 0; for (int i = 0; i < 100; i++) n += work(i); printf(\"%d\\n\", n); return 0; }\n",
+    );
+    let rpath = "-Wl,-rpath,$ORIGIN";
+    let d0 = dir0.to_str().unwrap();
+    compile(&["-O2", "-shared", "-fPIC"], &dir0.join("libtlsdyn.so"), &dynamic, &[]);
+    compile(&["-O2", "-shared", "-fPIC"], &dir0.join("libtlsie.so"), &initial, &[]);
+    let (linked, linked_ie, plain) = (dir0.join("linked"), dir0.join("linked-ie"), dir0.join("plain"));
+    compile(&["-O2"], &linked, &main, &["-L", d0, "-ltlsdyn", rpath]);
+    compile(&["-O2"], &linked_ie, &main, &["-L", d0, "-ltlsie", rpath]);
+    compile(&["-O2"], &plain, &main, &[]);
+    let preload_dyn = dir0.join("libtlsdyn.so");
+    let preload_ie = dir0.join("libtlsie.so");
+    for tracer in ["function_graph", "function"] {
+        for (how, prog, preload, dynamic_tls) in [
+            ("linked", &linked, None, true),
+            ("preloaded", &plain, Some(&preload_dyn), true),
+            ("linked-ie", &linked_ie, None, false),
+            ("preloaded-ie", &plain, Some(&preload_ie), false),
+        ] {
+            let d = dir(&format!("tlsmalloc-{how}-{tracer}"));
+            let mut c = ftramp();
+            c.args(["record", "-t", tracer, "-o"]).arg(&d).arg("--").arg(prog);
+            c.env_remove("FTRAMP_AUDIT").env_remove("LD_AUDIT").env_remove("LD_PRELOAD");
+            if let Some(p) = preload {
+                c.env("LD_PRELOAD", p);
+            }
+            let o = c.output().unwrap();
+            assert!(o.status.success(), "{how} {tracer}: {:?} {}", o.status, stderr(&o));
+            assert_eq!(String::from_utf8_lossy(&o.stdout), "100\n", "{how} {tracer}");
+            let said = stderr(&o).contains("has thread-local storage that is not initial-exec");
+            assert_eq!(said, dynamic_tls, "{how} {tracer}: {}", stderr(&o));
+            if dynamic_tls {
+                assert!(stderr(&o).contains("libtlsdyn.so defines the allocator"), "{how} {tracer}: {}", stderr(&o));
+            }
+            let t = Trace::open(&d).unwrap();
+            let p = &t.processes[0];
+            let f = p.symbols.iter().find(|s| s.name == "work").unwrap_or_else(|| panic!("{how} {tracer}: no work")).id;
+            let n = p.threads.iter().flat_map(|t| &t.events).filter(|e| e.func == f && e.kind == EventKind::Entry).count();
+            assert_eq!(n, 100, "{how} {tracer}");
+        }
+    }
+}
+
 #[test]
 fn records_threads_and_writes_info() {
     let d = dir("threads");

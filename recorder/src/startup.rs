@@ -55,7 +55,14 @@ struct Dynamic {
     /// The `PT_TLS` size of an object marked `DF_STATIC_TLS` (its TLS is
     /// initial-exec: it must be in the static block).
     static_tls: Option<u64>,
+    /// The object defines an allocator function (`malloc`, `calloc`,
+    /// `realloc`, `free`) and has TLS that is not initial-exec: see
+    /// [`dynamic_tls_allocator`].
+    tls_allocator: bool,
 }
+
+/// The allocator functions that the loader calls by name.
+const ALLOCATOR: [&str; 4] = ["malloc", "calloc", "realloc", "free"];
 
 /// `path`'s [`Dynamic`]; `None` when it is not a 64-bit ELF file.  Reads
 /// only the headers and the dynamic section.
@@ -70,13 +77,19 @@ fn dynamic(path: &Path) -> Option<Dynamic> {
     let sections = header.sections(endian, &data).ok()?;
     let Some((entries, link)) = sections.dynamic(endian, &data).ok()? else {
         // A static program: nothing to load.
-        return Some(Dynamic { machine, needed: Vec::new(), runpath: Vec::new(), static_tls: None });
+        return Some(Dynamic { machine, needed: Vec::new(), runpath: Vec::new(), static_tls: None, tls_allocator: false });
     };
     let strings = sections.strings(endian, &data, link).ok()?;
     let string = |d: &elf::Dyn64<Endianness>| d.string(endian, strings).ok().map(|n| String::from_utf8_lossy(n).into_owned());
     let origin = path.parent().unwrap_or(Path::new(".")).to_string_lossy();
     let static_tls = entries.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS && d.d_val(endian) & elf::DF_STATIC_TLS.0 != 0);
+    let has_tls = header.program_headers(endian, &data).ok()?.iter().any(|p| p.p_type(endian) == elf::PT_TLS);
+    let tls_allocator = has_tls && !static_tls && {
+        use object::{Object, ObjectSymbol};
+        file.dynamic_symbols().any(|s| s.is_definition() && s.name().is_ok_and(|n| ALLOCATOR.contains(&n)))
+    };
     Some(Dynamic {
+        tls_allocator,
         machine,
         // (A name with a slash is a path, where `$ORIGIN` counts too.)
         needed: entries.iter().filter(|d| d.d_tag(endian) == elf::DT_NEEDED).filter_map(string).map(|n| if n.contains('/') { expand_origin(&n, &origin) } else { n }).collect(),
@@ -222,7 +235,40 @@ pub fn need(prog: &Path, ld_library_path: Option<&OsStr>, preloads: &[PathBuf]) 
 }
 
 fn need_with_cache(prog: &Path, ld_library_path: Option<&OsStr>, preloads: &[PathBuf], cache_file: &Path) -> Option<(String, u64)> {
-    let prog_dyn = dynamic(prog)?;
+    let sizes: Vec<(String, u64)> = startup_libraries(prog, ld_library_path, preloads, cache_file)
+        .into_iter()
+        .filter_map(|(name, lib)| Some((name, lib.static_tls?)))
+        .collect();
+    let total: u64 = sizes.iter().map(|(_, s)| s).sum();
+    let largest = sizes.into_iter().max_by_key(|(_, s)| *s)?;
+    (total > 0).then_some((largest.0, total))
+}
+
+/// The first library `prog` loads at start-up (as [`need`] finds them)
+/// that defines `malloc`, `calloc`, `realloc` or `free` and has TLS that is
+/// not initial-exec (no `DF_STATIC_TLS`: any `__thread` of a `-fPIC`
+/// library, unless marked `initial-exec`), by its name.  Beside an audit
+/// module glibc gives such a library's TLS no room in the static block: it
+/// allocates the block with `malloc` at each thread's first use, and when
+/// that `malloc` is the library's own and touches its `__thread` data, the
+/// allocation calls `malloc` again, for ever, until the stack overflows
+/// (SIGSEGV before `main`; untraced, the program runs).  Such a program
+/// must run without the module.  (The function cannot be seen to touch its
+/// TLS: an allocator library with any non-initial-exec TLS counts.)
+pub fn dynamic_tls_allocator(prog: &Path, ld_library_path: Option<&OsStr>, preload: Option<&OsStr>) -> Option<String> {
+    let preloads: Vec<PathBuf> = preload.map(preload_entries).into_iter().flatten().filter(|e| !is_recorder(e)).map(PathBuf::from).collect();
+    dynamic_tls_allocator_with_cache(prog, ld_library_path, &preloads, Path::new("/etc/ld.so.cache"))
+}
+
+fn dynamic_tls_allocator_with_cache(prog: &Path, ld_library_path: Option<&OsStr>, preloads: &[PathBuf], cache_file: &Path) -> Option<String> {
+    startup_libraries(prog, ld_library_path, preloads, cache_file).into_iter().find(|(_, lib)| lib.tls_allocator).map(|(name, _)| name)
+}
+
+/// The libraries `prog` loads at start-up but libc, by file name, with
+/// their [`Dynamic`]: the `preloads` and the `DT_NEEDED` closure, found
+/// as the loader finds them.
+fn startup_libraries(prog: &Path, ld_library_path: Option<&OsStr>, preloads: &[PathBuf], cache_file: &Path) -> Vec<(String, Dynamic)> {
+    let Some(prog_dyn) = dynamic(prog) else { return Vec::new() };
     let machine = prog_dyn.machine;
     let mut search: Vec<PathBuf> = ld_library_path.iter().flat_map(std::env::split_paths).filter(|p| !p.as_os_str().is_empty()).collect();
     let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
@@ -232,12 +278,12 @@ fn need_with_cache(prog: &Path, ld_library_path: Option<&OsStr>, preloads: &[Pat
     // A library of the program's architecture at `path`.
     let open = |path: &Path| dynamic(path).filter(|d| d.machine == machine);
     let mut seen = HashSet::new();
-    let mut sizes: Vec<(String, u64)> = Vec::new();
+    let mut found: Vec<(String, Dynamic)> = Vec::new();
     // The preloads are looked for as the needed libraries are.
-    let preloaded = Dynamic { machine, needed: preloads.iter().map(|p| p.to_string_lossy().into_owned()).collect(), runpath: Vec::new(), static_tls: None };
+    let preloaded = Dynamic { machine, needed: preloads.iter().map(|p| p.to_string_lossy().into_owned()).collect(), runpath: Vec::new(), static_tls: None, tls_allocator: false };
     let mut queue = vec![prog_dyn, preloaded];
     while let Some(obj) = queue.pop() {
-        for name in obj.needed {
+        for name in &obj.needed {
             // (libc's own initial-exec TLS is counted in the room.)
             if name.starts_with("libc.so") || !seen.insert(name.clone()) {
                 continue;
@@ -245,22 +291,19 @@ fn need_with_cache(prog: &Path, ld_library_path: Option<&OsStr>, preloads: &[Pat
             let lib = if name.contains('/') {
                 open(Path::new(&name))
             } else {
-                obj.runpath.iter().chain(&search).find_map(|d| open(&d.join(&name))).or_else(|| {
+                obj.runpath.iter().chain(&search).find_map(|d| open(&d.join(name))).or_else(|| {
                     let cache = cache.get_or_insert_with(|| ld_so_cache(cache_file));
-                    cache.iter().filter(|(n, _)| *n == name).find_map(|(_, p)| open(p))
+                    cache.iter().filter(|(n, _)| n == name).find_map(|(_, p)| open(p))
                 })
             };
             if let Some(lib) = lib {
-                if let Some(size) = lib.static_tls {
-                    sizes.push((name.rsplit('/').next().unwrap_or_default().to_string(), size));
-                }
-                queue.push(lib);
+                let next = Dynamic { machine, needed: lib.needed.clone(), runpath: lib.runpath.clone(), static_tls: None, tls_allocator: false };
+                found.push((name.rsplit('/').next().unwrap_or_default().to_string(), lib));
+                queue.push(next);
             }
         }
     }
-    let total: u64 = sizes.iter().map(|(_, s)| s).sum();
-    let largest = sizes.into_iter().max_by_key(|(_, s)| *s)?;
-    (total > 0).then_some((largest.0, total))
+    found
 }
 
 /// The `GLIBC_TUNABLES` value for a program whose start-up libraries have
