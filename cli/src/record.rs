@@ -451,7 +451,8 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     let child = cmd.spawn().with_context(|| format!("running {}", prog.display()))?;
     PROGRAM.store(child.id() as libc::pid_t, SeqCst);
     pass_on_pending();
-    let status = wait_reaping_orphans(child.id() as libc::pid_t);
+    let program_pid = child.id();
+    let status = wait_reaping_orphans(program_pid as libc::pid_t);
     PROGRAM.store(0, SeqCst);
     let left_running = !reap_ended_descendants(&inherited);
     // Waiting for them: a terminal signal (Ctrl-C) ends the wait, and they
@@ -527,6 +528,21 @@ pub fn run(a: RecordArgs) -> Result<i32> {
     // not ended: said once in CI of an `--no-wait` run, for a subshell
     // exec'ing the program.)
     for (pid, n) in summary.unfinished.iter().filter(|(pid, _)| !running.contains(pid) && is_zombie(*pid)) {
+        // The program's own status says how it ended: a signal other than
+        // SIGKILL whose handler (the recorder's) could not run, not the
+        // SIGKILL or exit system call said below (a stack overflow on a
+        // thread other than the main one, the only thread with an
+        // alternate signal stack: a Perl ithread, say).
+        if let Some(s) = status.signal().filter(|&s| *pid == program_pid && s != libc::SIGKILL) {
+            note!(
+                "ftramp record: pid {pid} (image {n}) was killed by signal {s}{} where the recorder's handler \
+                 could not run (a stack overflow on a thread other than the main one, which alone has an \
+                 alternate signal stack, or a handler of the program's own in its place): the events still in \
+                 its buffers are lost, and not counted",
+                signal_name(s).map(|n| format!(" ({n})")).unwrap_or_default()
+            );
+            continue;
+        }
         note!(
             "ftramp record: pid {pid} (image {n}) ended without the recorder seeing it end (SIGKILL, or an \
              exit system call made directly), or its end could not be written (its writes to the trace failed: \
@@ -642,6 +658,29 @@ fn children() -> Vec<libc::pid_t> {
 /// Whether a child other than the `inherited` ones is left.
 fn program_children_left(inherited: &[libc::pid_t]) -> bool {
     children().iter().any(|p| inherited.binary_search(p).is_err())
+}
+
+/// The name of a signal that ends a process by default (`None` for
+/// the others: the message gives the number alone).
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGSYS => "SIGSYS",
+        _ => return None,
+    })
 }
 
 /// Whether `pid` has ended and waits to be reaped.

@@ -446,6 +446,29 @@ fn quiet_says_nothing_unless_something_went_wrong() {
     assert!(err.contains("(buffers full)") && err.contains("events lost, see above"), "{err}");
 }
 
+/// A program killed by a signal whose handler — the recorder's — could not
+/// run (a stack overflow on a thread other than the main one, which alone
+/// has an alternate signal stack: a Perl ithread recursing through `sort`
+/// comparators did it) is said to have been killed by that signal, as its
+/// status says: until the thirtieth session the note blamed SIGKILL or an
+/// exit system call.
+#[test]
+fn a_crash_the_recorder_could_not_see_names_its_signal() {
+    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("record-cli-thread-overflow");
+    compile(&["-O1", "-fno-optimize-sibling-calls"], &exe, &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/thread_overflow.c"), &["-lpthread"]);
+    for tracer in ["function_graph", "function"] {
+        let d = dir(&format!("thread-overflow-{tracer}"));
+        let o = record(&d, &["-q", "-t", tracer], &exe, &[]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(128 + libc::SIGSEGV), "{tracer}: {err}");
+        assert!(
+            err.contains("was killed by signal 11 (SIGSEGV) where the recorder's handler could not run (a stack overflow on a thread other than the main one"),
+            "{tracer}: {err}"
+        );
+        assert!(!err.contains("ended without the recorder seeing it end"), "{tracer}: {err}");
+    }
+}
+
 /// An image whose `.info` is empty (what a full disk leaves: the recorder created the file
 /// but could not write a line) is said to be missing from the trace, even with `-q`, and
 /// is not blamed on SIGKILL (`ended without the recorder seeing it end`, as until the
