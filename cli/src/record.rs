@@ -153,7 +153,8 @@ pub fn find_preload() -> Result<PathBuf> {
     }
     bail!(
         "the recorder library {PRELOAD_NAME} was not found (looked for {} and {}); it is built with the CLI: \
-         `cargo build --release -p ftramp` puts it in target/release/, or set {ENV_PRELOAD}=/path/to/{PRELOAD_NAME}",
+         `cargo build --release -p ftramp` puts it in target/release/deps/ (and `cargo build --release` of the whole \
+         workspace in target/release/ too), or set {ENV_PRELOAD}=/path/to/{PRELOAD_NAME}",
         candidates[0].display(),
         candidates[1].display()
     )

@@ -1239,6 +1239,9 @@ fn install_handlers() {
         // The runtime's signals first: its grace-period signal is a free
         // real-time one, which the loop below would otherwise take.
         GRACE_SIGNAL.store(ftramp_runtime::grace::signal_number().unwrap_or(0), Relaxed);
+        // That signal, sent by the program or another process, ends the
+        // process as untraced, with the trace written.
+        ftramp_runtime::grace::on_foreign_signal(on_fatal);
         SIGTRAP_IS_THE_PATCHERS.store(ftramp_runtime::patch::on_foreign_sigtrap(on_fatal), Relaxed);
         for sig in fatal_signals() {
             let mut old: libc::sigaction = std::mem::zeroed();

@@ -2160,6 +2160,22 @@ fn a_process_killed_by_any_terminating_signal_is_recorded() {
         assert_eq!(p.exit.as_deref(), Some(format!("signal {sig} ({name})").as_str()), "{what}");
         assert_eq!(count(&per_function(p), "rec_after"), (10, 10), "{what}");
     }
+    // The runtime's grace-period signal, sent by the program with `kill`:
+    // until the thirtieth session the runtime's handler took it for one of
+    // its requests, and the process lived on (`kill -62 $$` in Perl).
+    let plain = run_untraced(&b.tracee, &["die-by", "kill-grace"]);
+    let (dir, out) = record_tracee("die-by-kill-grace", "function_graph", &["die-by", "kill-grace"], &[]);
+    use std::os::unix::process::ExitStatusExt;
+    for (run, o) in [("untraced", &plain), ("traced", &out)] {
+        let sent = counters(&o.stdout).iter().find_map(|c| c.get("kill_grace_sig").copied()).unwrap_or_else(|| panic!("{run}: {o:?}")) as i32;
+        assert_eq!(o.status.signal(), Some(sent), "{run}: dies by the signal it sent: {o:?}");
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("without the recorder seeing it end"), "{stderr}");
+    let p = &open(&dir).processes[0];
+    let sig = out.status.signal().unwrap();
+    assert_eq!(p.exit.as_deref(), Some(format!("signal {sig} (SIGRTMIN+{})", sig - libc_sigrtmin()).as_str()));
+    assert_eq!(count(&per_function(p), "rec_after"), (10, 10));
 }
 
 /// glibc's SIGRTMIN and SIGRTMAX (the first two real-time signals are its own).

@@ -539,7 +539,64 @@ unsafe fn interrupted_pc(ctx: *const libc::c_void) -> Option<usize> {
     None
 }
 
-extern "C" fn on_grace_signal(_sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+/// The embedder's stand-in for the default action of the grace signal
+/// (0: none), for such a signal that another sender sent: see
+/// [`on_foreign_signal`].
+static FOREIGN_DEFAULT: AtomicUsize = AtomicUsize::new(0);
+
+/// Has `f` stand in for the default action of the grace-period signal when
+/// the program or another process sends it (`kill`, `sigqueue`, a `tgkill`
+/// from elsewhere): the recorder's handler, which writes the trace and then
+/// dies by the signal.  Without one, the default action is restored and
+/// the signal sent again, so that the process ends by it as untraced.
+/// Until the thirtieth session the runtime's handler took such a signal as
+/// a grace-period request and the process lived on (`kill -62 $$` from a
+/// Perl script, which untraced ends it).
+pub fn on_foreign_signal(f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)) {
+    FOREIGN_DEFAULT.store(f as usize, Release);
+}
+
+/// Whether the delivery `info` is not one of the runtime's requests, which
+/// it sends with `tgkill` from this process (`SI_TKILL`, our pid).
+///
+/// # Safety
+/// `info` is null or the kernel's siginfo for this delivery.
+unsafe fn foreign(info: *const libc::siginfo_t) -> bool {
+    // SAFETY: the caller's contract; si_pid is valid for the codes tested.
+    unsafe {
+        let Some(i) = info.as_ref() else { return false };
+        i.si_code == libc::SI_USER || i.si_code == libc::SI_QUEUE || (i.si_code == libc::SI_TKILL && i.si_pid() != libc::getpid())
+    }
+}
+
+/// The default action of `sig` (terminate), or the embedder's stand-in
+/// for it ([`on_foreign_signal`]).
+///
+/// # Safety
+/// As a signal handler's body: the arguments are the kernel's.
+unsafe fn default_action(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let f = FOREIGN_DEFAULT.load(Acquire);
+    // SAFETY: a non-zero value is the handler `on_foreign_signal` stored;
+    // sigaction and tgkill are async-signal-safe: the signal, blocked
+    // while this handler runs, ends the process once it returns.
+    unsafe {
+        if f != 0 {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(f);
+            return f(sig, info, ctx);
+        }
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        libc::syscall(libc::SYS_tgkill, libc::getpid(), gettid(), sig);
+    }
+}
+
+extern "C" fn on_grace_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel's siginfo for this SA_SIGINFO handler.
+    if unsafe { foreign(info) } {
+        // SAFETY: as a handler, with the kernel's arguments.
+        return unsafe { default_action(sig, info, ctx) };
+    }
     // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler.
     // errno is this thread's; everything below is async-signal-safe
     // (thread-local and atomic accesses, the gettid syscall, no locks, no

@@ -1177,6 +1177,25 @@ int main(int argc, char **argv)
 #endif
             return 9;
         }
+        if (!strcmp(what, "kill-grace")) {
+            /* kill() of itself with the real-time signal the runtime took
+             * for its grace periods (the first from SIGRTMAX-2 down with a
+             * handler; SIGRTMAX-2 untraced), which has no handler of the
+             * program's: it ends the process as untraced. */
+            int grace = SIGRTMAX - 2;
+            for (int s = SIGRTMAX - 2; s >= SIGRTMIN + 2; s--) {
+                struct sigaction cur;
+                if (sigaction(s, NULL, &cur) == 0 && cur.sa_handler != SIG_DFL) {
+                    grace = s;
+                    break;
+                }
+            }
+            printf("kill_grace_sig %d\n", grace);
+            fflush(stdout);
+            kill(getpid(), grace);
+            sleep(2);
+            return 9;
+        }
         int sig = !strcmp(what, "rtmin+3") ? SIGRTMIN + 3 : !strcmp(what, "rtmax-3") ? SIGRTMAX - 3 : atoi(what);
         raise(sig);
         return 9;
