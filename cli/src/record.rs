@@ -532,14 +532,13 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         // The program's own status says how it ended: a signal other than
         // SIGKILL whose handler (the recorder's) could not run, not the
         // SIGKILL or exit system call said below (a stack overflow on a
-        // thread other than the main one, the only thread with an
-        // alternate signal stack: a Perl ithread, say).
+        // thread whose alternate signal stack the program disabled).
         if let Some(s) = status.signal().filter(|&s| *pid == program_pid && s != libc::SIGKILL) {
             note!(
                 "ftramp record: pid {pid} (image {n}) was killed by signal {s}{} where the recorder's handler \
-                 could not run (a stack overflow on a thread other than the main one, which alone has an \
-                 alternate signal stack, or a handler of the program's own in its place): the events still in \
-                 its buffers are lost, and not counted",
+                 could not run (a stack overflow on a thread other than the main one whose alternate signal \
+                 stack the program disabled, or a handler of the program's own in its place): the events still \
+                 in its buffers are lost, and not counted",
                 signal_name(s).map(|n| format!(" ({n})")).unwrap_or_default()
             );
             continue;

@@ -27,7 +27,7 @@
 use crate::tracefile::TraceFile;
 use ftramp_trace::format::{ChunkHeader, Event, CHUNK_HEADER_SIZE, LEAF_MAX};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, Ordering::*};
 
 /// Threads recorded at once (a thread's slot is reused after it exits).
 pub const MAX_THREADS: usize = 4096;
@@ -291,6 +291,9 @@ pub struct Slot {
     /// Events lost while the thread had no buffer (goes into the next chunk).
     lost_pending: AtomicU64,
     lost_total: AtomicU64,
+    /// The alternate signal stack given to the slot's thread (its mapping,
+    /// guard page included; 0: none), see [`give_alt_stack`].
+    alt: AtomicUsize,
 }
 
 impl Slot {
@@ -309,6 +312,7 @@ impl Slot {
             chunk_lost: AtomicU64::new(0),
             lost_pending: AtomicU64::new(0),
             lost_total: AtomicU64::new(0),
+            alt: AtomicUsize::new(0),
         }
     }
 
@@ -632,6 +636,7 @@ extern "C" fn release_slot_at_exit() {
         }
         RETIRED_LOST.fetch_add(slot.lost_total.load(Relaxed), Relaxed);
         slot.clear();
+        take_back_alt_stack(slot);
         slot.busy.store(IDLE, Release);
         slot.in_use.store(0, Release);
     }
@@ -875,9 +880,86 @@ fn claim_slot(local: &Local) -> Result<&'static Slot, NoSlot> {
     slot.clear();
     slot.tid.store(gettid(), Relaxed);
     slot.busy.store(IDLE, Relaxed);
+    give_alt_stack(slot);
     local.cur.set(slot);
     local.depths.set(&DEPTHS[i]);
     Ok(slot)
+}
+
+/// Bytes of the alternate signal stack a recording thread gets, as the
+/// main thread's (`session`), and its guard page below.
+const ALT_STACK_SIZE: usize = 64 << 10;
+
+/// Gives this thread an alternate signal stack if it has none, so that a
+/// stack overflow on it still reaches the recorder's handler, which writes
+/// the trace (`SA_ONSTACK`): without one the kernel has no stack to run
+/// the handler on and kills the process with every thread's unwritten
+/// events.  The main thread got one at start (`session`); until the
+/// thirtieth session the others had none, and a C program whose second
+/// thread recursed for ever (a Perl ithread sorting with a comparator
+/// that recursed) left a trace with nothing.  A thread that has one (a
+/// Rust thread's own, the program's) keeps it; a program that sets its own
+/// later replaces this one.  Async-signal-safe (system calls): the first
+/// event of a thread may be a signal handler's.
+fn give_alt_stack(slot: &Slot) {
+    // SAFETY: sysconf has no memory-safety preconditions (no lock: glibc
+    // answers the page size from the auxiliary vector).
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    // SAFETY: sigaltstack with a null new stack only reads the current one
+    // into `old`; mmap of fresh anonymous memory, whose lowest page is
+    // made inaccessible (a guard, as below a thread stack); sigaltstack of
+    // the rest, which stays mapped until `take_back_alt_stack` (or the
+    // process ends).
+    unsafe {
+        let mut old: libc::stack_t = std::mem::zeroed();
+        if libc::sigaltstack(std::ptr::null(), &mut old) != 0 || old.ss_flags & libc::SS_DISABLE == 0 {
+            return;
+        }
+        let p = libc::mmap(std::ptr::null_mut(), ALT_STACK_SIZE + page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        if p == libc::MAP_FAILED {
+            return;
+        }
+        libc::mprotect(p, page, libc::PROT_NONE);
+        let ss = libc::stack_t { ss_sp: (p as *mut u8).add(page) as *mut libc::c_void, ss_flags: 0, ss_size: ALT_STACK_SIZE };
+        if libc::sigaltstack(&ss, std::ptr::null_mut()) != 0 {
+            libc::munmap(p, ALT_STACK_SIZE + page);
+            return;
+        }
+        slot.alt.store(p as usize, Relaxed);
+    }
+}
+
+/// At the thread's exit: disables the alternate stack [`give_alt_stack`]
+/// gave it, if it is still the thread's and not in use, and unmaps it (a
+/// stack the program put in its place is left alone; ours is then only
+/// unmapped).
+fn take_back_alt_stack(slot: &Slot) {
+    let p = slot.alt.swap(0, Relaxed);
+    if p == 0 {
+        return;
+    }
+    // SAFETY: sysconf has no memory-safety preconditions (no lock: glibc
+    // answers the page size from the auxiliary vector).
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    // SAFETY: reads the current alternate stack; disables it only when it
+    // is ours and the thread is not running on it; unmaps our mapping only
+    // when it is no longer the thread's alternate stack.
+    unsafe {
+        let mut cur: libc::stack_t = std::mem::zeroed();
+        if libc::sigaltstack(std::ptr::null(), &mut cur) != 0 {
+            return;
+        }
+        if cur.ss_flags & libc::SS_DISABLE == 0 && cur.ss_sp as usize == p + page {
+            if cur.ss_flags & libc::SS_ONSTACK != 0 {
+                return; // In use (an exit from a handler on it): left mapped.
+            }
+            let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
+            if libc::sigaltstack(&off, std::ptr::null_mut()) != 0 {
+                return;
+            }
+        }
+        libc::munmap(p as *mut libc::c_void, ALT_STACK_SIZE + page);
+    }
 }
 
 /// Why [`claim_slot`] found none.
