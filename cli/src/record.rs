@@ -535,11 +535,11 @@ pub fn run(a: RecordArgs) -> Result<i32> {
         // thread whose alternate signal stack the program disabled).
         if let Some(s) = status.signal().filter(|&s| *pid == program_pid && s != libc::SIGKILL) {
             note!(
-                "ftramp record: pid {pid} (image {n}) was killed by signal {s}{} where the recorder's handler \
+                "ftramp record: pid {pid} (image {n}) was killed by signal {s} ({}) where the recorder's handler \
                  could not run (a stack overflow on a thread other than the main one whose alternate signal \
                  stack the program disabled, or a handler of the program's own in its place): the events still \
                  in its buffers are lost, and not counted",
-                signal_name(s).map(|n| format!(" ({n})")).unwrap_or_default()
+                ftramp_recorder::session::SignalName(s)
             );
             continue;
         }
@@ -658,29 +658,6 @@ fn children() -> Vec<libc::pid_t> {
 /// Whether a child other than the `inherited` ones is left.
 fn program_children_left(inherited: &[libc::pid_t]) -> bool {
     children().iter().any(|p| inherited.binary_search(p).is_err())
-}
-
-/// The name of a signal that ends a process by default (`None` for
-/// the others: the message gives the number alone).
-fn signal_name(sig: i32) -> Option<&'static str> {
-    Some(match sig {
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGILL => "SIGILL",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGINT => "SIGINT",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGSYS => "SIGSYS",
-        _ => return None,
-    })
 }
 
 /// Whether `pid` has ended and waits to be reaped.

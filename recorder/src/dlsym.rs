@@ -48,16 +48,21 @@ static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLMOPEN: AtomicUsize = AtomicUsize::new(0);
 static REAL_VFORK: AtomicUsize = AtomicUsize::new(0);
 
-/// libc's `name`, looked up once into `cache` with `dlvsym`, which is not
-/// interposed ([`next_versioned`]).
-fn real_cached(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
+/// `find()`, looked up once into `cache`.
+fn cached(cache: &AtomicUsize, find: impl FnOnce() -> usize) -> usize {
     let r = cache.load(Relaxed);
     if r != 0 {
         return r;
     }
-    let p = next_versioned(name);
+    let p = find();
     cache.store(p, Relaxed);
     p
+}
+
+/// libc's `name`, looked up once into `cache` with `dlvsym`, which is not
+/// interposed ([`next_versioned`]).
+fn real_cached(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
+    cached(cache, || next_versioned(name))
 }
 
 /// libc's `name` (a libdl function), looked up with `dlvsym`, which is not
@@ -73,8 +78,12 @@ fn next_versioned(name: &std::ffi::CStr) -> usize {
             return p;
         }
     }
-    // Without it no call could be answered: say so and stop rather than
-    // return into nothing.
+    cannot_find(name)
+}
+
+/// Says that libc's `name` is missing and stops: without it no call could
+/// be answered, and returning into nothing would be worse.
+fn cannot_find(name: &std::ffi::CStr) -> ! {
     let msg = format!("ftramp record: cannot find libc's {}\n", name.to_string_lossy());
     // SAFETY: write(2) of a live buffer.
     unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
@@ -350,30 +359,13 @@ jump_stub!(
 /// returns twice, so compilers never tail-call it: that address is never
 /// a hijacked one.)
 extern "C" fn before_vfork(ret: usize, _sp: usize) -> Jump {
-    let real = match REAL_VFORK.load(Relaxed) {
-        0 => {
-            // Not `real_cached`: `vfork` kept its base version in glibc
-            // 2.34, and a `dlvsym` of a version it lacks fails, which makes
-            // glibc allocate the error with the program's `malloc`.
-            let dlsym = real_cached(&REAL_DLSYM, c"dlsym");
-            // SAFETY: libc's dlsym, with RTLD_NEXT (valid in a shared
-            // object: the next definition after the recorder's) and a
-            // NUL-terminated name.
-            let p = unsafe {
-                let f: unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void = std::mem::transmute(dlsym);
-                f(libc::RTLD_NEXT, c"vfork".as_ptr())
-            } as usize;
-            if p == 0 {
-                let msg = b"ftramp record: cannot find libc's vfork\n";
-                // SAFETY: write(2) of a static buffer.
-                unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
-                std::process::abort()
-            }
-            REAL_VFORK.store(p, Relaxed);
-            p
-        }
+    // Not `real_cached`: `vfork` kept its base version in glibc 2.34, and a
+    // `dlvsym` of a version it lacks fails, which makes glibc allocate the
+    // error with the program's `malloc`.
+    let real = cached(&REAL_VFORK, || match crate::next(c"vfork") as usize {
+        0 => cannot_find(c"vfork"),
         p => p,
-    };
+    });
     crate::pool::local().enter_vfork();
     Jump { to: real, ret }
 }

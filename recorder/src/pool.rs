@@ -292,7 +292,7 @@ pub struct Slot {
     lost_pending: AtomicU64,
     lost_total: AtomicU64,
     /// The alternate signal stack given to the slot's thread (its mapping,
-    /// guard page included; 0: none), see [`give_alt_stack`].
+    /// guard page included; 0: none), see [`install_alt_stack`].
     alt: AtomicUsize,
 }
 
@@ -538,8 +538,9 @@ impl Local {
             return true;
         }
         self.cur.set(p);
-        if let Some(i) = SLOTS.iter().position(|s| std::ptr::eq(s, p)) {
-            self.depths.set(&DEPTHS[i]);
+        if !p.is_null() {
+            // The slot's index in SLOTS is its depths' in DEPTHS.
+            self.depths.set(&DEPTHS[(p as usize - SLOTS.as_ptr() as usize) / std::mem::size_of::<Slot>()]);
         }
         self.vfork.set(None);
         false
@@ -880,67 +881,70 @@ fn claim_slot(local: &Local) -> Result<&'static Slot, NoSlot> {
     slot.clear();
     slot.tid.store(gettid(), Relaxed);
     slot.busy.store(IDLE, Relaxed);
-    give_alt_stack(slot);
+    slot.alt.store(install_alt_stack().unwrap_or(0), Relaxed);
     local.cur.set(slot);
     local.depths.set(&DEPTHS[i]);
     Ok(slot)
 }
 
-/// Bytes of the alternate signal stack a recording thread gets, as the
-/// main thread's (`session`), and its guard page below.
+/// Bytes of the alternate signal stack a recording thread gets (and the
+/// main thread at start, `session`), above a guard page.
 const ALT_STACK_SIZE: usize = 64 << 10;
 
-/// Gives this thread an alternate signal stack if it has none, so that a
-/// stack overflow on it still reaches the recorder's handler, which writes
-/// the trace (`SA_ONSTACK`): without one the kernel has no stack to run
-/// the handler on and kills the process with every thread's unwritten
-/// events.  The main thread got one at start (`session`); until the
-/// thirtieth session the others had none, and a C program whose second
-/// thread recursed for ever (a Perl ithread sorting with a comparator
-/// that recursed) left a trace with nothing.  A thread that has one (a
-/// Rust thread's own, the program's) keeps it; a program that sets its own
-/// later replaces this one.  Async-signal-safe (system calls): the first
-/// event of a thread may be a signal handler's.
-fn give_alt_stack(slot: &Slot) {
-    // SAFETY: sysconf has no memory-safety preconditions (no lock: glibc
-    // answers the page size from the auxiliary vector).
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+/// The page size (no lock: glibc answers it from the auxiliary vector, so
+/// a signal handler may ask).
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+/// Gives this thread an alternate signal stack if it has none, and returns
+/// its mapping (guard page included), which stays mapped until
+/// [`take_back_alt_stack`] or the process's end.  So a stack overflow on
+/// the thread still reaches the recorder's handler, which writes the trace
+/// (`SA_ONSTACK`): without one the kernel has no stack to run the handler
+/// on and kills the process with every thread's unwritten events.  Until
+/// the thirtieth session only the main thread had one, and a C program
+/// whose second thread recursed for ever (a Perl ithread sorting with a
+/// comparator that recursed) left a trace with nothing.  A thread that has
+/// one (a Rust thread's own, the program's) keeps it; a program that sets
+/// its own later replaces this one.  Async-signal-safe (system calls): the
+/// first event of a thread may be a signal handler's.
+pub(crate) fn install_alt_stack() -> Option<usize> {
+    let page = page_size();
     // SAFETY: sigaltstack with a null new stack only reads the current one
     // into `old`; mmap of fresh anonymous memory, whose lowest page is
     // made inaccessible (a guard, as below a thread stack); sigaltstack of
-    // the rest, which stays mapped until `take_back_alt_stack` (or the
-    // process ends).
+    // the rest, which stays mapped as said above.
     unsafe {
         let mut old: libc::stack_t = std::mem::zeroed();
         if libc::sigaltstack(std::ptr::null(), &mut old) != 0 || old.ss_flags & libc::SS_DISABLE == 0 {
-            return;
+            return None;
         }
         let p = libc::mmap(std::ptr::null_mut(), ALT_STACK_SIZE + page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
         if p == libc::MAP_FAILED {
-            return;
+            return None;
         }
         libc::mprotect(p, page, libc::PROT_NONE);
         let ss = libc::stack_t { ss_sp: (p as *mut u8).add(page) as *mut libc::c_void, ss_flags: 0, ss_size: ALT_STACK_SIZE };
         if libc::sigaltstack(&ss, std::ptr::null_mut()) != 0 {
             libc::munmap(p, ALT_STACK_SIZE + page);
-            return;
+            return None;
         }
-        slot.alt.store(p as usize, Relaxed);
+        Some(p as usize)
     }
 }
 
-/// At the thread's exit: disables the alternate stack [`give_alt_stack`]
-/// gave it, if it is still the thread's and not in use, and unmaps it (a
-/// stack the program put in its place is left alone; ours is then only
-/// unmapped).
+/// At the thread's exit: disables the alternate stack [`install_alt_stack`]
+/// gave it (kept in its slot), if it is still the thread's and not in use,
+/// and unmaps it (a stack the program put in its place is left alone; ours
+/// is then only unmapped).
 fn take_back_alt_stack(slot: &Slot) {
     let p = slot.alt.swap(0, Relaxed);
     if p == 0 {
         return;
     }
-    // SAFETY: sysconf has no memory-safety preconditions (no lock: glibc
-    // answers the page size from the auxiliary vector).
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let page = page_size();
     // SAFETY: reads the current alternate stack; disables it only when it
     // is ours and the thread is not running on it; unmaps our mapping only
     // when it is no longer the thread's alternate stack.

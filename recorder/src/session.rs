@@ -731,8 +731,9 @@ impl std::fmt::Write for StackBuf {
 }
 
 /// The name of signal `.0` (`SIGRTMIN+3` for a real-time one), written
-/// without allocating (signal handlers write it).
-struct SignalName(i32);
+/// without allocating (signal handlers write it; `ftramp record`'s notes
+/// too).
+pub struct SignalName(pub i32);
 
 impl std::fmt::Display for SignalName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1212,29 +1213,8 @@ fn install_handlers() {
         ftramp_runtime::sites::install_fork_handlers();
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
         // An alternate stack for the main thread, so a stack overflow can
-        // still be flushed.
-        let size = 64 << 10;
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        if p != libc::MAP_FAILED {
-            let ss = libc::stack_t {
-                ss_sp: p,
-                ss_flags: 0,
-                ss_size: size,
-            };
-            let mut old: libc::stack_t = std::mem::zeroed();
-            if libc::sigaltstack(std::ptr::null(), &mut old) == 0
-                && old.ss_flags & libc::SS_DISABLE != 0
-            {
-                libc::sigaltstack(&ss, std::ptr::null_mut());
-            }
-        }
+        // still be flushed (kept for the process's life).
+        let _ = crate::pool::install_alt_stack();
         use crate::sigaction::{flush_action, real_sigaction};
         // The runtime's signals first: its grace-period signal is a free
         // real-time one, which the loop below would otherwise take.

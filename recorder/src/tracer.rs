@@ -128,15 +128,12 @@ extern "C" fn emit_slow_then_open(l: &Local, base: u64, now: u64, open: usize) -
 #[inline(never)]
 extern "C" fn graph_entry_slow(ent: &GraphEnt, user: &Fgraph) -> bool {
     let d = ent.depth;
-    if local_cached(ent.task_var(user)).in_vfork_child() {
-        return false;
-    }
-    if d >= MAX_DEPTH.load(Relaxed) {
+    let l = local_cached(ent.task_var(user));
+    if l.in_vfork_child() || d >= MAX_DEPTH.load(Relaxed) {
         return false;
     }
     let now = ticks();
     let id = lookup(ent.func);
-    let l = local_cached(ent.task_var(user));
     if id == NO_ID {
         l.lose(1);
         return false;

@@ -254,6 +254,14 @@ fn run_untraced(prog: &Path, args: &[&str]) -> Output {
     c.args(args).output().unwrap()
 }
 
+/// The counters `prog args` prints run untraced ([`run_untraced`]), which
+/// must succeed.
+fn untraced_counters(prog: &Path, args: &[&str]) -> BTreeMap<String, u64> {
+    let plain = run_untraced(prog, args);
+    assert!(plain.status.success(), "{args:?} untraced: {}", String::from_utf8_lossy(&plain.stderr));
+    counters(&plain.stdout).swap_remove(0)
+}
+
 /// True (with the reason on stderr) when the tests run under qemu-user,
 /// for the tests that cannot run there (see the module docs).
 fn unavailable_under_qemu(test: &str, why: &str) -> bool {
@@ -1763,9 +1771,7 @@ fn the_recorder_never_calls_the_programs_own_malloc() {
 fn libraries_loaded_while_main_runs_make_the_recorder_call_no_allocator_of_the_programs() {
     let b = built();
     let lib = b.lib.to_str().unwrap();
-    let plain = run_untraced(&b.own_malloc, &["dlopen", lib]);
-    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
-    let untraced = &counters(&plain.stdout)[0];
+    let untraced = &untraced_counters(&b.own_malloc, &["dlopen", lib]);
     assert_eq!(untraced["in_dlsym"], 0, "glibc's dlsym allocated: the test cannot tell");
     for tracer in ["function_graph", "function"] {
         let dir = trace_dir(&format!("own-malloc-dlopen-{tracer}"), tracer);
@@ -1800,9 +1806,7 @@ fn libraries_loaded_while_main_runs_make_the_recorder_call_no_allocator_of_the_p
 fn exceptions_in_a_c_program_with_its_own_malloc_make_no_allocator_calls_of_the_recorder() {
     let b = built();
     let plugin = b.plugin.to_str().unwrap();
-    let plain = run_untraced(&b.own_malloc, &["plugin", plugin]);
-    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
-    let untraced = &counters(&plain.stdout)[0];
+    let untraced = &untraced_counters(&b.own_malloc, &["plugin", plugin]);
     assert_eq!(untraced["caught"], 20);
     assert!(untraced["in_catch"] >= 40, "each exception is allocated and freed with the program's allocator: {untraced:?}");
     let dir = trace_dir("own-malloc-plugin", "function_graph");
@@ -1830,9 +1834,7 @@ fn exceptions_in_a_c_program_with_its_own_malloc_make_no_allocator_calls_of_the_
 /// the same holds).
 #[test]
 fn vfork_children_calling_traced_functions_are_not_recorded_as_their_parent() {
-    let plain = run_untraced(&built().tracee, &["vfork-work"]);
-    assert!(plain.status.success());
-    let untraced = &counters(&plain.stdout)[0];
+    let untraced = &untraced_counters(&built().tracee, &["vfork-work"]);
     assert_eq!(untraced["vfork_statuses"], 15, "{untraced:?}");
     for tracer in ["function_graph", "function"] {
         let (dir, out) = record_tracee("vfork-work", tracer, &["vfork-work"], &[("FTRAMP_TRACER", tracer)]);

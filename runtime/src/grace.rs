@@ -539,19 +539,22 @@ unsafe fn interrupted_pc(ctx: *const libc::c_void) -> Option<usize> {
     None
 }
 
-/// The embedder's stand-in for the default action of the grace signal
-/// (0: none), for such a signal that another sender sent: see
+/// The embedder's stand-in for the default action of a signal one of the
+/// runtime's handlers took that was not the runtime's (0: none): see
 /// [`on_foreign_signal`].
 static FOREIGN_DEFAULT: AtomicUsize = AtomicUsize::new(0);
 
-/// Has `f` stand in for the default action of the grace-period signal when
-/// the program or another process sends it (`kill`, `sigqueue`, a `tgkill`
-/// from elsewhere): the recorder's handler, which writes the trace and then
-/// dies by the signal.  Without one, the default action is restored and
-/// the signal sent again, so that the process ends by it as untraced.
-/// Until the thirtieth session the runtime's handler took such a signal as
-/// a grace-period request and the process lived on (`kill -62 $$` from a
-/// Perl script, which untraced ends it).
+/// Has `f` stand in for the default action of the signals the runtime's
+/// handlers take that are not the runtime's own: the grace-period signal
+/// when the program or another process sends it (`kill`, `sigqueue`, a
+/// `tgkill` from elsewhere), and a SIGTRAP that is not the patcher's where
+/// the program had no handler (`patch::on_foreign_sigtrap`).  The
+/// recorder's handler, which writes the trace and then dies by the signal.
+/// Without one, the default action is restored and the signal sent again,
+/// so that the process ends by it as untraced.  `f` runs in a signal
+/// handler: it must be async-signal-safe.  Until the thirtieth session the
+/// grace handler took a foreign grace signal as a request and the process
+/// lived on (`kill -62 $$` from a Perl script, which untraced ends it).
 pub fn on_foreign_signal(f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)) {
     FOREIGN_DEFAULT.store(f as usize, Release);
 }
@@ -569,12 +572,14 @@ unsafe fn foreign(info: *const libc::siginfo_t) -> bool {
     }
 }
 
-/// The default action of `sig` (terminate), or the embedder's stand-in
-/// for it ([`on_foreign_signal`]).
+/// The default action of `sig` (terminate, or dump core), or the
+/// embedder's stand-in for it ([`on_foreign_signal`]); for the grace
+/// handler and the patcher's SIGTRAP handler.
 ///
 /// # Safety
-/// As a signal handler's body: the arguments are the kernel's.
-unsafe fn default_action(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+/// Only from a signal handler for `sig` that blocks it, with the `info`
+/// and `ctx` the kernel passed.
+pub(crate) unsafe fn default_action(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let f = FOREIGN_DEFAULT.load(Acquire);
     // SAFETY: a non-zero value is the handler `on_foreign_signal` stored;
     // sigaction and tgkill are async-signal-safe: the signal, blocked

@@ -315,7 +315,7 @@ impl Patcher {
 /// embedder's to handle there.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub fn on_foreign_sigtrap(f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)) -> bool {
-    signal::set_foreign_default(f);
+    crate::grace::on_foreign_signal(f);
     true
 }
 

@@ -268,9 +268,9 @@ pub fn install() -> Result<usize, RuntimeError> {
     // calls per library loaded, made on the module watcher's thread into
     // an allocator the program wrote for one thread, and recorded as the
     // program's own.  (A successful lookup allocates nothing.)
-    let wanted = pending_imports(st);
+    let mut wanted = pending_imports(st);
     let mut imported = [false; HOOKED.len()];
-    for &e in wanted.iter().flat_map(|(_, _, entries)| entries) {
+    for &(_, e) in wanted.iter().flat_map(|m| &m.slots) {
         imported[e] = true;
     }
     // dlsym takes the loader lock: outside `with_loaded`.
@@ -283,7 +283,7 @@ pub fn install() -> Result<usize, RuntimeError> {
         }
     }
     if imported.iter().zip(&REAL).any(|(&i, r)| i && r.load(Relaxed) == 0) {
-        resolve_in_local_scopes(wanted);
+        resolve_in_local_scopes(&wanted);
     }
     let real: Vec<usize> = REAL.iter().map(|r| r.load(Acquire)).collect();
     let hooks = hook_addrs();
@@ -295,7 +295,14 @@ pub fn install() -> Result<usize, RuntimeError> {
             if st.done.contains(&live.obj.key()) {
                 continue;
             }
-            match hook_module(live, &real, &hooks, &maps) {
+            // (Each module's slots found once per pass: by the first one,
+            // unless it came since.)
+            let key = live.obj.key();
+            let slots = match wanted.iter().position(|m| m.key == key) {
+                Some(i) => wanted.swap_remove(i).slots,
+                None => find_slots(&live),
+            };
+            match hook_module(live, &slots, &real, &hooks, &maps) {
                 Ok(true) => {
                     st.done.insert(live.obj.key());
                 }
@@ -486,21 +493,26 @@ fn find_slots(live: &Live<'_>) -> Vec<(usize, usize)> {
     out
 }
 
-/// The modules not settled yet (not in `st.done`) with the functions of
-/// [`HOOKED`] each imports (GOT slots naming them): (is the main program,
-/// path, entries).
-fn pending_imports(st: &Installed) -> Vec<(bool, Vec<u8>, Vec<usize>)> {
+/// A module not settled yet, as [`pending_imports`] found it.
+struct Pending {
+    key: Key,
+    is_main: bool,
+    name: Vec<u8>,
+    /// Its GOT slots that name a hooked function ([`find_slots`]).
+    slots: Vec<(usize, usize)>,
+}
+
+/// The modules not settled yet (not in `st.done`) that import functions of
+/// [`HOOKED`], with their slots, in load order.
+fn pending_imports(st: &Installed) -> Vec<Pending> {
     with_loaded(|set| {
-        let mut wanted = Vec::new();
-        for live in set.iter().filter(|l| !st.done.contains(&l.obj.key())) {
-            let mut entries: Vec<usize> = find_slots(&live).iter().map(|&(_, e)| e).collect();
-            entries.sort_unstable();
-            entries.dedup();
-            if !entries.is_empty() {
-                wanted.push((live.obj.is_main, live.obj.name.clone(), entries));
-            }
-        }
-        wanted
+        set.iter()
+            .filter(|l| !st.done.contains(&l.obj.key()))
+            .filter_map(|live| {
+                let slots = find_slots(&live);
+                (!slots.is_empty()).then(|| Pending { key: live.obj.key(), is_main: live.obj.is_main, name: live.obj.name.clone(), slots })
+            })
+            .collect()
     })
 }
 
@@ -514,17 +526,17 @@ fn pending_imports(st: &Installed) -> Vec<(bool, Vec<u8>, Vec<usize>)> {
 /// `RTLD_NOLOAD` gives the module's handle (and its reference back with
 /// `dlclose`); `dlsym` on it searches its dependencies.  Outside the loader
 /// lock, as `dlsym` takes it: the names come from a first pass.
-fn resolve_in_local_scopes(wanted: Vec<(bool, Vec<u8>, Vec<usize>)>) {
+fn resolve_in_local_scopes(wanted: &[Pending]) {
     // Only the missing functions a module imports are looked up, and a
     // module whose are all found by then is not opened: the watcher hooks
     // a new library's unwinder before it patches its sites (`hooks_cover`),
     // so this delays the tracing of a `dlopen`ed library (under qemu-user,
     // each `dlopen`/`dlsym` here took milliseconds).
-    for (is_main, name, entries) in wanted {
-        if is_main || entries.iter().all(|&e| REAL[e].load(Relaxed) != 0) {
+    for m in wanted {
+        if m.is_main || m.slots.iter().all(|&(_, e)| REAL[e].load(Relaxed) != 0) {
             continue;
         }
-        let Ok(path) = std::ffi::CString::new(name) else { continue };
+        let Ok(path) = std::ffi::CString::new(m.name.clone()) else { continue };
         // SAFETY: dlopen of a module already loaded (RTLD_NOLOAD: nothing is
         // loaded or run), then lookups by NUL-terminated names, then dlclose
         // of the reference this dlopen took.
@@ -533,8 +545,10 @@ fn resolve_in_local_scopes(wanted: Vec<(bool, Vec<u8>, Vec<usize>)>) {
             if h.is_null() {
                 continue;
             }
-            for e in entries {
-                if REAL[e].load(Relaxed) == 0 {
+            let mut asked = [false; HOOKED.len()];
+            for &(_, e) in &m.slots {
+                // (Each function once: a module may name it in two slots.)
+                if !std::mem::replace(&mut asked[e], true) && REAL[e].load(Relaxed) == 0 {
                     let c = std::ffi::CString::new(HOOKED[e]).expect("no NUL in the names");
                     let p = libc::dlsym(h, c.as_ptr()) as usize;
                     let _ = REAL[e].compare_exchange(0, p, Release, Relaxed);
@@ -546,13 +560,13 @@ fn resolve_in_local_scopes(wanted: Vec<(bool, Vec<u8>, Vec<usize>)>) {
 }
 
 /// Points `live`'s slots at the hooks.  True when every slot is settled.
-fn hook_module(live: Live<'_>, real: &[usize], hooks: &[usize], maps: &Maps) -> Result<bool, RuntimeError> {
+fn hook_module(live: Live<'_>, slots: &[(usize, usize)], real: &[usize], hooks: &[usize], maps: &Maps) -> Result<bool, RuntimeError> {
     if live.obj.name.starts_with(b"linux-vdso") || live.obj.name.starts_with(b"linux-gate") {
         return Ok(true);
     }
     let mut settled = true;
     let mut todo = Vec::new();
-    for (slot, e) in find_slots(&live) {
+    for &(slot, e) in slots {
         let Some(cur) = live.read(slot, 8).map(|b| word_at(&b, 0) as usize) else {
             settled = false;
             continue;

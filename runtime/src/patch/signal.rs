@@ -92,16 +92,6 @@ pub(crate) fn set_previous(new: Option<(usize, i32)>) -> Option<(usize, i32)> {
     Some(old)
 }
 
-/// Called instead of the default action for a SIGTRAP that is not ours
-/// when the previous disposition was `SIG_DFL` (0: none; see
-/// [`crate::patch::on_foreign_sigtrap`]).
-static FOREIGN_DEFAULT: AtomicUsize = AtomicUsize::new(0);
-
-/// See [`crate::patch::on_foreign_sigtrap`].
-pub(crate) fn set_foreign_default(f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)) {
-    FOREIGN_DEFAULT.store(f as usize, Release);
-}
-
 /// Installs the handler (once per process).
 pub(crate) fn install() -> Result<(), RuntimeError> {
     static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
@@ -167,21 +157,8 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     }
     match handler {
         libc::SIG_IGN => {}
-        libc::SIG_DFL if FOREIGN_DEFAULT.load(Acquire) != 0 => {
-            // The embedder's stand-in for the default action (the
-            // recorder's: it writes the trace, then dies by the signal).
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                std::mem::transmute(FOREIGN_DEFAULT.load(Acquire));
-            f(sig, info, ctx)
-        }
-        libc::SIG_DFL => {
-            // Default action (core dump): restore it and re-send; the
-            // signal is blocked until this handler returns, then kills.
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            libc::syscall(libc::SYS_tgkill, libc::getpid(), gettid(), sig);
-        }
+        // The default action (core dump), or the embedder's stand-in for it.
+        libc::SIG_DFL => crate::grace::default_action(sig, info, ctx),
         h if flags & libc::SA_SIGINFO != 0 => {
             let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(h);
             f(sig, info, ctx)
